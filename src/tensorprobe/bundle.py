@@ -1,0 +1,469 @@
+"""The bundle: a directory that any framework can read.
+
+    my_capture/
+        manifest.json              format version, producer, model/runtime, input hashes, records
+        tensors-00000.safetensors  tensor data (keep="full"), in shards of at most `shard_bytes`
+        tensors-00001.safetensors
+        records.jsonl              journal, present only while a capture is running
+
+`BundleWriter` streams: tensors are buffered up to one shard and flushed, so peak memory does not grow
+with the number of captured tensors. Each record is appended to the journal as it is made; if the process
+dies mid-capture the journal still yields a readable bundle marked incomplete. `close(error=...)` records
+the exception of a forward that raised (often exactly what is being debugged).
+
+`Bundle.open` reads a bundle directory lazily (shards are memory-mapped by safetensors), and also opens
+a plain `.safetensors` or `.npz` file of named tensors, as dumped by a Swift/MLX/C++ port, computing
+statistics on load.
+
+    >>> b = Bundle.open("my_capture")                         # doctest: +SKIP
+    >>> [r.name for r in b if not r.stats.all_finite][:1]     # doctest: +SKIP
+    ['decoder.generator.noise_res.0.adain1.0.norm/rsqrt.0']
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import traceback
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+
+from . import __version__
+from .errors import BundleError
+from .record import KIND_OUTPUT, Record, dtype_name
+from .stats import compute_stats
+
+FORMAT = "tensorprobe-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+JOURNAL = "records.jsonl"
+DEFAULT_SHARD_BYTES = 256 << 20
+
+STATUS_COMPLETE = "complete"
+STATUS_INCOMPLETE = "incomplete"
+STATUS_RUNNING = "running"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file renamed into place: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def tensor_sha256(t: torch.Tensor | np.ndarray) -> str:
+    arr = t.detach().cpu().contiguous() if isinstance(t, torch.Tensor) else np.ascontiguousarray(t)
+    if isinstance(arr, torch.Tensor):
+        arr = arr.view(torch.uint8) if arr.numel() else arr
+        data = arr.numpy().tobytes()
+    else:
+        data = arr.tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def producer_info() -> dict[str, str]:
+    return {"name": "tensorprobe", "version": __version__, "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+class BundleWriter:
+    """Stream records (and optionally tensors) into a bundle directory.
+
+    Args:
+        path: bundle directory. An existing bundle there is replaced; any other non-empty directory
+            is refused, so a typo never wipes unrelated files.
+        model, runtime, capture: free-form descriptions stored in the manifest.
+        inputs: the model inputs (name -> tensor); their shapes, dtypes and SHA-256 are stored.
+        shard_bytes: tensor data buffered before a shard is written.
+
+    Example:
+        >>> with BundleWriter("out") as w:                                  # doctest: +SKIP
+        ...     w.add(record, tensor)
+    """
+
+    def __init__(self, path: str | os.PathLike, *, model: dict | None = None, runtime: dict | None = None,
+                 capture: dict | None = None, inputs: dict[str, Any] | None = None,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+        self.path = Path(path)
+        self.shard_bytes = shard_bytes
+        self._prepare_dir()
+        self._header = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "producer": producer_info(),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "model": model or {}, "runtime": runtime or {"name": "pytorch", "version": torch.__version__},
+            "capture": capture or {}, "inputs": _describe_inputs(inputs or {}),
+        }
+        self._records: list[Record] = []
+        self._names: set[str] = set()
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._shards: list[str] = []
+        self._closed = False
+        self._write_manifest(STATUS_RUNNING, None)
+        self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
+
+    def _prepare_dir(self) -> None:
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise BundleError(f"{p}: exists and is not a directory")
+        if p.is_dir() and any(p.iterdir()):
+            if not ((p / MANIFEST).exists() or (p / JOURNAL).exists()):
+                raise BundleError(f"{p}: directory is not empty and is not a tensorprobe bundle; "
+                                  "choose another output directory")
+            shutil.rmtree(p)
+        p.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def records(self) -> list[Record]:
+        return self._records
+
+    def unique_name(self, name: str) -> str:
+        """`name`, or `name~1`, `name~2`... if it is taken (two outputs can't share a key)."""
+        if name not in self._names:
+            return name
+        i = 1
+        while f"{name}~{i}" in self._names:
+            i += 1
+        return f"{name}~{i}"
+
+    def add(self, record: Record, tensor: torch.Tensor | None = None) -> Record:
+        """Append a record; with `tensor`, also store its data (copied, so later in-place ops can't alter it)."""
+        if self._closed:
+            raise BundleError(f"{self.path}: bundle already closed")
+        if record.name in self._names:
+            record = record.with_(name=self.unique_name(record.name))
+        if tensor is not None:
+            t = tensor.detach().to("cpu", copy=True).contiguous()
+            record = record.with_(shard=self._shard_name(len(self._shards)))
+            self._pending[record.name] = t
+            self._pending_bytes += t.numel() * t.element_size()
+        self._names.add(record.name)
+        self._records.append(record)
+        self._journal.write(json.dumps(record.to_dict()) + "\n")
+        if self._pending_bytes >= self.shard_bytes:
+            self.flush()
+        return record
+
+    def flush(self) -> None:
+        """Write buffered tensors as one shard (atomically) and sync the journal."""
+        if self._pending:
+            name = self._shard_name(len(self._shards))
+            tmp = self.path / f".{name}.tmp"
+            safetensors.torch.save_file(self._pending, str(tmp), metadata={"format": FORMAT})
+            os.replace(tmp, self.path / name)
+            self._shards.append(name)
+            self._pending = {}
+            self._pending_bytes = 0
+        self._journal.flush()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Finish the bundle; with `error`, mark it incomplete and record the exception."""
+        if self._closed:
+            return
+        self.flush()
+        self._journal.close()
+        self._closed = True
+        err = None
+        if error is not None:
+            err = {"type": type(error).__name__, "message": str(error),
+                   "traceback": "".join(traceback.format_exception(error))[-8000:]}
+        self._write_manifest(STATUS_INCOMPLETE if error else STATUS_COMPLETE, err)
+        (self.path / JOURNAL).unlink(missing_ok=True)
+
+    def set_header(self, **fields: Any) -> None:
+        """Update manifest fields (e.g. `model`) before `close`."""
+        self._header.update(fields)
+
+    def _write_manifest(self, status: str, error: dict | None) -> None:
+        manifest = {**self._header, "status": status, "error": error, "shards": list(self._shards),
+                    "records": [r.to_dict() for r in self._records]}
+        atomic_write_bytes(self.path / MANIFEST, json.dumps(manifest, indent=1).encode())
+
+    @staticmethod
+    def _shard_name(i: int) -> str:
+        return f"tensors-{i:05d}.safetensors"
+
+    def __enter__(self) -> "BundleWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(error=exc)
+
+
+def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, t in inputs.items():
+        if isinstance(t, (torch.Tensor, np.ndarray)):
+            out.append({"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype),
+                        "sha256": tensor_sha256(t)})
+        else:
+            out.append({"name": name, "value": repr(t)[:200]})
+    return out
+
+
+class Bundle:
+    """A captured set of records, read lazily. Open with `Bundle.open(path)`."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], records: list[Record],
+                 tensor_source: "_TensorSource"):
+        self.path = path
+        self.manifest = manifest
+        self.records = records
+        self._by_name = {r.name: r for r in records}
+        self._source = tensor_source
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Bundle":
+        """Open a bundle directory, or a plain `.safetensors` / `.npz` file of named tensors.
+
+        Raises:
+            BundleError: missing, corrupt, truncated or unsafe bundle (the message names the file).
+        """
+        p = Path(path)
+        if not p.exists():
+            raise BundleError(f"{p}: no such bundle (expected a directory with {MANIFEST}, "
+                              "a .safetensors or a .npz file)")
+        if p.is_dir():
+            return _open_dir(p)
+        if p.suffix == ".npz":
+            return _open_npz(p)
+        if p.suffix == ".safetensors":
+            return _open_safetensors_file(p)
+        raise BundleError(f"{p}: not a bundle (expected a directory, .safetensors or .npz)")
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.get("status") == STATUS_COMPLETE
+
+    @property
+    def error(self) -> dict | None:
+        return self.manifest.get("error")
+
+    @property
+    def runtime(self) -> dict:
+        return self.manifest.get("runtime", {})
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> Record:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise BundleError(f"{self.path}: no record named {name!r}") from None
+
+    def get(self, name: str) -> Record | None:
+        return self._by_name.get(name)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The stored data of record `name` (memory-mapped where the format allows)."""
+        rec = self[name]
+        if not rec.has_tensor:
+            raise BundleError(f"{self.path}: record {name!r} has statistics only "
+                              "(capture with keep='full' to store tensors)")
+        return self._source.get(rec)
+
+    def numpy(self, name: str) -> np.ndarray:
+        t = self.tensor(name)
+        if t.dtype == torch.bfloat16:
+            t = t.float()
+        return t.numpy()
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> "Bundle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Bundle({str(self.path)!r}, records={len(self.records)}, status={self.manifest.get('status')!r})"
+
+
+class _TensorSource:
+    """Reads tensors from safetensors shards of a bundle directory, opening each shard once."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._handles: dict[str, Any] = {}
+
+    def get(self, rec: Record) -> torch.Tensor:
+        shard = rec.shard
+        assert shard is not None
+        h = self._handles.get(shard)
+        if h is None:
+            path = self.root / shard
+            try:
+                h = safetensors.safe_open(str(path), framework="pt")
+            except Exception as e:  # safetensors raises its own error type for corrupt headers
+                raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
+            self._handles[shard] = h
+        try:
+            return h.get_tensor(rec.name)
+        except Exception as e:
+            raise BundleError(f"{self.root / shard}: can't read tensor {rec.name!r} ({e})") from None
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def _check_shard_path(root: Path, shard: str) -> None:
+    if os.path.isabs(shard) or ".." in Path(shard).parts or "/" in shard or "\\" in shard:
+        raise BundleError(f"{root / MANIFEST}: unsafe shard path {shard!r} (must be a file name inside the bundle)")
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    mpath = root / MANIFEST
+    if not mpath.exists():
+        if (root / JOURNAL).exists():
+            return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_RUNNING, "records": []}
+        raise BundleError(f"{root}: not a tensorprobe bundle ({MANIFEST} is missing)")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{mpath}: corrupt manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{mpath}: not a tensorprobe manifest")
+    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+        raise BundleError(f"{mpath}: format version {manifest['format_version']} is newer than this "
+                          f"tensorprobe supports ({FORMAT_VERSION}); upgrade tensorprobe")
+    return manifest
+
+
+def _open_dir(root: Path) -> Bundle:
+    manifest = _read_manifest(root)
+    raw_records = manifest.get("records", [])
+    if manifest.get("status") == STATUS_RUNNING:
+        raw_records = _read_journal(root)
+        manifest = {**manifest, "status": STATUS_INCOMPLETE,
+                    "error": {"type": "Interrupted", "message": "capture did not finish (the process was "
+                              "killed); records up to the last flushed shard are kept"}}
+    try:
+        records = [Record.from_dict(d) for d in raw_records]
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{root / MANIFEST}: malformed record ({e})") from None
+    records = _validate_shards(root, records, manifest)
+    return Bundle(root, manifest, records, _TensorSource(root))
+
+
+def _validate_shards(root: Path, records: list[Record], manifest: dict) -> list[Record]:
+    """Check every referenced shard is safe and readable; after a crash, drop references to unwritten shards."""
+    status_ok = manifest.get("status") == STATUS_COMPLETE
+    checked: dict[str, bool] = {}
+    out = []
+    for r in records:
+        if r.shard is not None:
+            if r.shard not in checked:
+                _check_shard_path(root, r.shard)
+                path = root / r.shard
+                if path.exists():
+                    try:
+                        with safetensors.safe_open(str(path), framework="pt") as f:
+                            f.keys()
+                    except Exception as e:
+                        raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
+                    checked[r.shard] = True
+                elif status_ok:
+                    raise BundleError(f"{path}: tensor shard listed in the manifest is missing")
+                else:
+                    checked[r.shard] = False
+            if not checked[r.shard]:
+                r = r.with_(shard=None)
+        out.append(r)
+    return out
+
+
+def _read_journal(root: Path) -> list[dict]:
+    out = []
+    with open(root / JOURNAL, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # the last line may be cut short by the crash
+    return out
+
+
+class _DictSource:
+    """Tensors of a plain file, loaded on demand."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def get(self, rec: Record) -> torch.Tensor:
+        return self._loader(rec.name)
+
+    def close(self) -> None:
+        pass
+
+
+def _plain_manifest(path: Path, kind: str) -> dict[str, Any]:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_COMPLETE, "error": None,
+            "producer": {"name": kind}, "runtime": {"name": "external", "file": path.name}, "records": []}
+
+
+def _records_from_tensors(items: Iterator[tuple[str, torch.Tensor]], shard: str) -> list[Record]:
+    return [
+        Record(name=name, module=name, op="tensor", order=i, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
+               stats=compute_stats(t), kind=KIND_OUTPUT, device="cpu", shard=shard)
+        for i, (name, t) in enumerate(items)
+    ]
+
+
+def _open_safetensors_file(path: Path) -> Bundle:
+    try:
+        handle = safetensors.safe_open(str(path), framework="pt")
+        keys = list(handle.keys())
+        order = _safetensors_key_order(path, keys)
+        records = _records_from_tensors(((k, handle.get_tensor(k)) for k in order), path.name)
+    except BundleError:
+        raise
+    except Exception as e:
+        raise BundleError(f"{path}: corrupt or truncated safetensors file ({e})") from None
+    return Bundle(path, _plain_manifest(path, "safetensors file"), records,
+                  _DictSource(lambda name: handle.get_tensor(name)))
+
+
+def _safetensors_key_order(path: Path, keys: list[str]) -> list[str]:
+    """Keys in the order they were written (data offset), which for a dump is execution order."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return sorted(keys, key=lambda k: header[k]["data_offsets"][0])
+
+
+def _open_npz(path: Path) -> Bundle:
+    try:
+        npz = np.load(path, allow_pickle=False)
+        names = list(npz.files)
+        records = _records_from_tensors(((k, torch.from_numpy(np.array(npz[k]))) for k in names), path.name)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
+    return Bundle(path, _plain_manifest(path, "npz file"), records,
+                  _DictSource(lambda name: torch.from_numpy(np.array(npz[name]))))

@@ -1,0 +1,83 @@
+"""Shared CLI plumbing: the Typer app, error handling, JSON output and progress display."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..errors import EXIT_BAD_INPUT, TensorprobeError
+
+app = typer.Typer(
+    name="tensorprobe",
+    help="Numerical forensics for neural audio models: capture intermediates, find where NaN is born, "
+         "diff a port against its reference, check audio.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+console = Console()
+err_console = Console(stderr=True)
+
+JSON_SCHEMA_VERSION = 1
+
+JsonOption = typer.Option(False, "--json", help="Print one JSON object (schema: docs/json.md) instead of tables.")
+
+
+def emit_json(command: str, status: str, payload: dict[str, Any]) -> None:
+    """Print the one JSON document every `--json` command produces (see docs/json.md)."""
+    doc = {"tensorprobe": JSON_SCHEMA_VERSION, "command": command, "status": status, **payload}
+    sys.stdout.write(json.dumps(doc, indent=2, default=_json_default, allow_nan=False) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+    """Print one red line and exit (no traceback)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def progress(description: str, enabled: bool = True) -> Iterator[Any]:
+    """A live spinner with a counter on a terminal; a no-op when piped or with --json.
+
+    Yields a callable `advance(n=1, text=None)`.
+    """
+    if not enabled or not err_console.is_terminal:
+        yield lambda n=1, text=None: None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed} records"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def advance(n: int = 1, text: str | None = None) -> None:
+            bar.update(task, advance=n, description=text or description)
+
+        yield advance
+
+
+def run_app() -> None:
+    """Run the Typer app, turning library errors into one line and exit code 2."""
+    try:
+        app()
+    except TensorprobeError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]")
+        sys.exit(130)

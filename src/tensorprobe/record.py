@@ -1,0 +1,119 @@
+"""One captured tensor: where it came from, what it looks like, where its data lives.
+
+Record names follow one grammar, shared by every capture source (PyTorch, ONNX Runtime, a port's dump)
+so that `diff` lines them up by name:
+
+    <module path>[@<call>][/<op>.<k>][:<output>]
+
+    decoder.generator.noise_res.0.adain1.0.norm            module output, first call
+    decoder.generator.noise_res.0.adain1.0.norm@3          the same module's fourth call (loops, ODE steps)
+    generator.noise_res.0.adain1.0.norm/rsqrt.0            first aten.rsqrt inside that module call
+    generator.m_source.l_sin_gen/randn_like.0              a random op (kind "rng")
+    encode:1                                               second tensor of a module returning a tuple
+    encode:in0                                             first tensor input of a module (kind "input")
+
+The root module's path is "" and prints as `<root>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .stats import TensorStats
+
+ROOT = "<root>"
+
+KIND_OUTPUT = "output"  # output of a module or an op
+KIND_INPUT = "input"    # an input of a module call (kept for replay / isolate)
+KIND_RNG = "rng"        # output of a random op (randn, rand, dropout, ...)
+KIND_MODEL_INPUT = "model_input"  # the inputs handed to the model
+
+
+@dataclass(frozen=True)
+class Record:
+    """Metadata and statistics of one captured tensor (its data, if kept, lives in a shard)."""
+
+    name: str
+    module: str
+    op: str
+    order: int
+    shape: tuple[int, ...]
+    dtype: str
+    stats: TensorStats
+    kind: str = KIND_OUTPUT
+    call: int = 0
+    device: str = "cpu"
+    source: str | None = None
+    inputs: tuple[str, ...] = ()
+    shard: str | None = None
+    runtime_name: str | None = None
+    tags: tuple[str, ...] = ()
+
+    @property
+    def has_tensor(self) -> bool:
+        return self.shard is not None
+
+    def with_(self, **changes: Any) -> "Record":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["inputs"] = list(self.inputs)
+        d["tags"] = list(self.tags)
+        d["stats"] = self.stats.to_dict()
+        return {k: v for k, v in d.items() if v not in (None, [], ())}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Record":
+        return cls(
+            name=str(d["name"]), module=str(d.get("module", "")), op=str(d.get("op", "")),
+            order=int(d.get("order", 0)), shape=tuple(int(s) for s in d.get("shape", ())),
+            dtype=str(d.get("dtype", "")), stats=TensorStats.from_dict(d.get("stats", {"numel": 0})),
+            kind=str(d.get("kind", KIND_OUTPUT)), call=int(d.get("call", 0)),
+            device=str(d.get("device", "cpu")), source=d.get("source"),
+            inputs=tuple(d.get("inputs", ())), shard=d.get("shard"),
+            runtime_name=d.get("runtime_name"), tags=tuple(d.get("tags", ())),
+        )
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' for torch.float32, numpy float32 and the string 'float32' alike."""
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    return str(getattr(dtype, "name", dtype))
+
+
+def module_label(path: str) -> str:
+    return path if path else ROOT
+
+
+def record_name(module: str, call: int = 0, op: str | None = None, k: int = 0,
+                output: int | str | None = None) -> str:
+    """Build a record name following the grammar in this module's docstring.
+
+    >>> record_name("gen.norm", call=2, op="aten.rsqrt.default", k=0)
+    'gen.norm@2/rsqrt.0'
+    """
+    name = module_label(module)
+    if call:
+        name += f"@{call}"
+    if op is not None:
+        name += f"/{short_op(op)}.{k}"
+    if output is not None:
+        name += f":{output}"
+    return name
+
+
+def short_op(op: str) -> str:
+    """'aten.native_instance_norm.default' -> 'native_instance_norm'."""
+    parts = op.split(".")
+    if parts and parts[0] in ("aten", "prims", "quantized"):
+        parts = parts[1:]
+    if len(parts) > 1 and parts[-1] in ("default", "Tensor", "Scalar", "out", "self", "int", "dim",
+                                        "Tensor_Tensor", "Tensor_Scalar", "Scalar_Tensor", "correction"):
+        parts = parts[:-1]
+    return ".".join(parts) or op

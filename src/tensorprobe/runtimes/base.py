@@ -1,0 +1,160 @@
+"""The runtime interface: run a PyTorch model (or an exported artifact) somewhere else and capture it.
+
+A runtime is one module under `runtimes/` with one `RuntimeAdapter` subclass, registered by name in
+`runtimes/__init__.py`. The base class does the common work once: checking that the optional package
+is installed (with a message naming the extra), opening the bundle writer, computing statistics, naming
+records with the PyTorch module path while keeping the runtime's own node name in `runtime_name`.
+A subclass fills in three methods:
+
+    _prepare(model, inputs, workdir)  -> artifact    export / lower / compile (e.g. torch.onnx.export)
+    _load(path)                       -> artifact    open a user's existing artifact (.onnx, .pte)
+    _run(artifact, inputs)            -> iterator of RuntimeTensor, in execution order
+
+    >>> from tensorprobe.runtimes import get_runtime                                # doctest: +SKIP
+    >>> bundle = get_runtime("onnxruntime").capture(model, inputs, out="ort_bundle")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..bundle import Bundle, BundleWriter
+from ..errors import RuntimeUnavailable
+from ..record import KIND_MODEL_INPUT, KIND_OUTPUT, Record, dtype_name
+from ..stats import compute_stats
+
+
+@dataclass
+class RuntimeTensor:
+    """One intermediate value produced by a runtime, before it becomes a record."""
+
+    runtime_name: str          # the runtime's own name (ONNX value name, ExecuTorch debug handle, ...)
+    module: str                # PyTorch module path it maps to ("" for the root / unknown)
+    op: str                    # the runtime's op type, e.g. "InstanceNormalization"
+    value: np.ndarray | torch.Tensor
+    name: str | None = None    # record name; default derived from module/op by the adapter
+    inputs: tuple[str, ...] = ()  # record names of the values this op consumed (op graph)
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+class RuntimeAdapter:
+    """Base class of runtime adapters. Subclasses set `name`, `package`, `extra` and fill in the hooks."""
+
+    name: ClassVar[str] = ""
+    package: ClassVar[str] = ""        # import name checked by `available()`
+    extra: ClassVar[str] = ""          # `pip install tensorprobe[<extra>]`
+    artifact_suffixes: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def available(cls) -> bool:
+        return importlib.util.find_spec(cls.package) is not None
+
+    @classmethod
+    def require(cls) -> None:
+        if not cls.available():
+            raise RuntimeUnavailable.missing(cls.package, cls.extra)
+
+    # ---- the public verbs -------------------------------------------------------------------------
+    def capture(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor], out: str | os.PathLike,
+                *, keep: str = "full", include: str | None = None, exclude: str | None = None,
+                workdir: str | os.PathLike | None = None, **options: Any) -> Bundle:
+        """Export `model` to this runtime, run it on `inputs`, and write every intermediate to `out`."""
+        self.require()
+        with _workdir(workdir) as wd:
+            artifact = self._prepare(model, tuple(inputs), Path(wd), **options)
+            return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
+                                          exclude=exclude, model_info={"class": type(model).__name__})
+
+    def capture_artifact(self, path: str | os.PathLike, inputs: Sequence[Any] | dict[str, Any],
+                         out: str | os.PathLike, *, keep: str = "full", include: str | None = None,
+                         exclude: str | None = None, **options: Any) -> Bundle:
+        """Run an existing artifact (e.g. `model.onnx`) on `inputs` and capture its intermediates."""
+        self.require()
+        artifact = self._load(Path(path), **options)
+        return self._capture_artifact(artifact, inputs, out, keep=keep, include=include, exclude=exclude,
+                                      model_info={"artifact": str(path)})
+
+    # ---- hooks for subclasses -----------------------------------------------------------------------
+    def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def _load(self, path: Path, **options: Any) -> Any:
+        raise NotImplementedError(f"{self.name} can't load an existing artifact")
+
+    def _run(self, artifact: Any, inputs: Any) -> Iterator[RuntimeTensor]:
+        raise NotImplementedError
+
+    def runtime_info(self) -> dict[str, Any]:
+        mod = importlib.import_module(self.package)
+        return {"name": self.name, "version": getattr(mod, "__version__", "unknown")}
+
+    # ---- common work --------------------------------------------------------------------------------
+    def _capture_artifact(self, artifact: Any, inputs: Any, out: str | os.PathLike, *, keep: str,
+                          include: str | None, exclude: str | None, model_info: dict) -> Bundle:
+        import re
+
+        inc = re.compile(include) if include else None
+        exc = re.compile(exclude) if exclude else None
+        named_inputs = _name_inputs(inputs)
+        writer = BundleWriter(out, model=model_info, runtime=self.runtime_info(),
+                              capture={"level": "runtime", "keep": keep, "include": include, "exclude": exclude},
+                              inputs=named_inputs)
+        with writer:
+            order = 0
+            for name, value in named_inputs.items():
+                t = _to_torch(value)
+                writer.add(Record(name=f"input.{name}", module="", op="input", order=order, shape=tuple(t.shape),
+                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_MODEL_INPUT),
+                           t if keep == "full" else None)
+                order += 1
+            for rt in self._run(artifact, inputs):
+                name = rt.name or rt.runtime_name
+                if (inc and not inc.search(name)) or (exc and exc.search(name)):
+                    continue
+                t = _to_torch(rt.value)
+                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
+                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_OUTPUT,
+                                  runtime_name=rt.runtime_name, inputs=rt.inputs, tags=rt.tags),
+                           t if keep == "full" else None)
+                order += 1
+        return Bundle.open(out)
+
+
+def _name_inputs(inputs: Any) -> dict[str, Any]:
+    if isinstance(inputs, dict):
+        return dict(inputs)
+    return {str(i): v for i, v in enumerate(inputs)}
+
+
+def _to_torch(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    arr = np.asarray(value)
+    return torch.from_numpy(np.ascontiguousarray(arr).copy())
+
+
+class _workdir:
+    """A user-given directory, or a temporary one removed afterwards."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self._path = path
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> str:
+        if self._path is not None:
+            Path(self._path).mkdir(parents=True, exist_ok=True)
+            return str(self._path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="tensorprobe-")
+        return self._tmp.name
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -1,0 +1,244 @@
+"""Full-tensor statistics in as few passes as possible.
+
+Probes that look at head/tail slices mislead (seed 000 blamed the wrong layer that way): every
+statistic here covers every element. The common case, a finite float tensor, costs two kernels:
+`var_mean` (whose mean is finite only if every element is finite, so it doubles as the finiteness
+check) and `aminmax`. Only a tensor that holds NaN/Inf pays for masks and the per-channel analysis.
+
+    >>> import torch
+    >>> x = torch.ones(1, 4, 3); x[0, 1] = float("nan")
+    >>> s = compute_stats(x)
+    >>> s.nan, s.nonfinite_channels, s.nonfinite_channel_idx
+    (3, 1, (1,))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+# Channel indices kept in a record; the count is always exact.
+MAX_CHANNEL_IDX = 64
+
+_FLOAT_KIND, _INT_KIND, _BOOL_KIND, _COMPLEX_KIND = "float", "int", "bool", "complex"
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Statistics of one tensor. Float figures cover the finite elements only, so a tensor with a
+    few NaNs still shows its real range; `None` means "no finite element to measure"."""
+
+    numel: int
+    kind: str = _FLOAT_KIND
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    finite_frac: float = 1.0
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    absmax: float | None = None
+    channel_dim: int | None = None
+    channels: int | None = None
+    nonfinite_channels: int = 0
+    partial_nonfinite_channels: int = 0
+    nonfinite_channel_idx: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def nonfinite(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+    @property
+    def all_finite(self) -> bool:
+        return self.nonfinite == 0
+
+    def channel_pattern(self) -> str | None:
+        """Plain-words channel pattern, e.g. '10 of 256 channels entirely non-finite'."""
+        if self.all_finite or not self.channels:
+            return None
+        parts = []
+        if self.nonfinite_channels:
+            idx = ", ".join(map(str, self.nonfinite_channel_idx[:12]))
+            more = "…" if self.nonfinite_channels > 12 else ""
+            parts.append(
+                f"{self.nonfinite_channels} of {self.channels} channels entirely non-finite "
+                f"(channel{'s' if self.nonfinite_channels > 1 else ''} {idx}{more})"
+            )
+        if self.partial_nonfinite_channels:
+            parts.append(f"{self.partial_nonfinite_channels} of {self.channels} partly non-finite")
+        return "; ".join(parts) if parts else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nonfinite_channel_idx"] = list(self.nonfinite_channel_idx)
+        return {k: _json_float(v) for k, v in d.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorStats":
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: _from_json_float(v) for k, v in d.items() if k in known}
+        kw["nonfinite_channel_idx"] = tuple(kw.get("nonfinite_channel_idx") or ())
+        return cls(**kw)
+
+
+def compute_stats(tensor: torch.Tensor | np.ndarray, channel_dim: int | None = 1) -> TensorStats:
+    """Statistics of every element of `tensor` (torch or NumPy), in one or two passes.
+
+    Args:
+        tensor: any dtype, any shape, including zero elements.
+        channel_dim: the dimension whose slices are analysed for being entirely non-finite
+            (the fingerprint of a broken per-channel normalization). Used for tensors of rank >= 2;
+            `None` disables the analysis.
+
+    Returns:
+        A `TensorStats`.
+    """
+    x = _as_torch(tensor).detach()
+    n = x.numel()
+    if n == 0:
+        return TensorStats(numel=0, kind=_kind_of(x.dtype))
+    if x.dtype == torch.bool:
+        return _bool_stats(x)
+    if x.is_complex():
+        return _complex_stats(x, channel_dim)
+    if not x.is_floating_point():
+        return _int_stats(x)
+    return _float_stats(x, channel_dim)
+
+
+def _float_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
+    n = x.numel()
+    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    var, mean = torch.var_mean(xf, correction=0)
+    mean_v = mean.item()
+    if math.isfinite(mean_v):
+        # A finite mean is proof that every element is finite: any NaN or Inf would propagate.
+        mn, mx = torch.aminmax(xf)
+        var_v = var.item()
+        if not math.isfinite(var_v):  # squares overflowed in float32; redo in float64
+            var_v = torch.var_mean(xf.double(), correction=0)[0].item()
+        mn_v, mx_v = mn.item(), mx.item()
+        return TensorStats(
+            numel=n, min=mn_v, max=mx_v, mean=mean_v, std=math.sqrt(max(var_v, 0.0)),
+            absmax=max(abs(mn_v), abs(mx_v)), **_channel_count(x, channel_dim),
+        )
+    return _nonfinite_float_stats(xf, channel_dim)
+
+
+def _nonfinite_float_stats(xf: torch.Tensor, channel_dim: int | None) -> TensorStats:
+    n = xf.numel()
+    finite = torch.isfinite(xf)
+    n_finite = int(finite.sum())
+    nan = int(torch.isnan(xf).sum())
+    posinf = int((xf == math.inf).sum())
+    neginf = n - n_finite - nan - posinf
+    figures: dict[str, Any] = {}
+    if n_finite:
+        vals = xf[finite].double()
+        var, mean = torch.var_mean(vals, correction=0)
+        mn, mx = torch.aminmax(vals)
+        figures = dict(
+            min=mn.item(), max=mx.item(), mean=mean.item(), std=math.sqrt(max(var.item(), 0.0)),
+            absmax=max(abs(mn.item()), abs(mx.item())),
+        )
+    return TensorStats(
+        numel=n, nan=nan, posinf=posinf, neginf=neginf, finite_frac=n_finite / n,
+        **figures, **_channel_analysis(finite, channel_dim),
+    )
+
+
+def _channel_count(x: torch.Tensor, channel_dim: int | None) -> dict[str, Any]:
+    cd = _resolve_channel_dim(x, channel_dim)
+    return {} if cd is None else {"channel_dim": cd, "channels": x.shape[cd]}
+
+
+def _channel_analysis(finite: torch.Tensor, channel_dim: int | None) -> dict[str, Any]:
+    cd = _resolve_channel_dim(finite, channel_dim)
+    if cd is None:
+        return {}
+    per_channel = finite.movedim(cd, 0).reshape(finite.shape[cd], -1)
+    any_finite = per_channel.any(dim=1)
+    all_finite = per_channel.all(dim=1)
+    dead = torch.nonzero(~any_finite).flatten()
+    return {
+        "channel_dim": cd,
+        "channels": finite.shape[cd],
+        "nonfinite_channels": int(dead.numel()),
+        "partial_nonfinite_channels": int((any_finite & ~all_finite).sum()),
+        "nonfinite_channel_idx": tuple(int(i) for i in dead[:MAX_CHANNEL_IDX]),
+    }
+
+
+def _resolve_channel_dim(x: torch.Tensor, channel_dim: int | None) -> int | None:
+    if channel_dim is None or x.dim() < 2:
+        return None
+    cd = channel_dim % x.dim()
+    return cd if x.shape[cd] > 1 else None
+
+
+def _int_stats(x: torch.Tensor) -> TensorStats:
+    mn, mx = torch.aminmax(x)
+    xd = x.double()
+    var, mean = torch.var_mean(xd, correction=0)
+    mn_v, mx_v = int(mn), int(mx)
+    return TensorStats(
+        numel=x.numel(), kind=_INT_KIND, min=mn_v, max=mx_v, mean=mean.item(),
+        std=math.sqrt(var.item()), absmax=max(abs(mn_v), abs(mx_v)),
+    )
+
+
+def _bool_stats(x: torch.Tensor) -> TensorStats:
+    true = int(x.sum())
+    n = x.numel()
+    return TensorStats(
+        numel=n, kind=_BOOL_KIND, min=float(true == n), max=float(true > 0), mean=true / n,
+        absmax=float(true > 0),
+    )
+
+
+def _complex_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
+    # Magnitude carries the figures; a NaN in either part makes the element non-finite.
+    parts = torch.view_as_real(x)
+    finite = torch.isfinite(parts).all(dim=-1)
+    mag = _float_stats(x.abs(), channel_dim)
+    nan = int(torch.isnan(parts).any(dim=-1).sum())
+    n = x.numel()
+    inf = n - int(finite.sum()) - nan
+    return TensorStats(**{**asdict(mag), "kind": _COMPLEX_KIND, "nan": nan, "posinf": inf, "neginf": 0,
+                          "finite_frac": int(finite.sum()) / n,
+                          "nonfinite_channel_idx": mag.nonfinite_channel_idx})
+
+
+def _kind_of(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return _BOOL_KIND
+    if dtype.is_complex:
+        return _COMPLEX_KIND
+    return _FLOAT_KIND if dtype.is_floating_point else _INT_KIND
+
+
+def _as_torch(tensor: torch.Tensor | np.ndarray) -> torch.Tensor:
+    if isinstance(tensor, torch.Tensor):
+        return tensor
+    arr = np.asarray(tensor)
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr).copy()
+    return torch.from_numpy(arr)
+
+
+def _json_float(v: Any) -> Any:
+    """JSON has no Inf/NaN: spell them as strings so the manifest stays valid JSON."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v
+
+
+def _from_json_float(v: Any) -> Any:
+    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
+        return float(v)
+    return v
