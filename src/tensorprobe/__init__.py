@@ -14,6 +14,8 @@ from .errors import (  # noqa: E402
 from .stats import TensorStats, compute_stats  # noqa: E402
 from .record import Record  # noqa: E402
 from .bundle import Bundle, BundleWriter  # noqa: E402
+from .capture import Capture, capture  # noqa: E402
+from .nan import NanOrigin, find_first_nonfinite, find_nonfinite_in_bundle  # noqa: E402
 
 open_bundle = Bundle.open
 

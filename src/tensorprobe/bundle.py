@@ -109,7 +109,7 @@ class BundleWriter:
             "format": FORMAT, "format_version": FORMAT_VERSION, "producer": producer_info(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "model": model or {}, "runtime": runtime or {"name": "pytorch", "version": torch.__version__},
-            "capture": capture or {}, "inputs": _describe_inputs(inputs or {}),
+            "capture": capture or {}, "inputs": describe_inputs(inputs or {}),
         }
         self._records: list[Record] = []
         self._names: set[str] = set()
@@ -208,7 +208,7 @@ class BundleWriter:
         self.close(error=exc)
 
 
-def _describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+def describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for name, t in inputs.items():
         if isinstance(t, (torch.Tensor, np.ndarray)):

@@ -1,0 +1,406 @@
+"""Capture every intermediate tensor of a PyTorch model into a bundle.
+
+Two levels, one recording funnel (`_Recorder.record`):
+
+- `level="module"`: forward hooks on every submodule; one record per module call, named by module path
+  (`generator.noise_res.0.adain1.0.norm`, `...norm@3` for the fourth call of a looped module).
+- `level="op"`: a `TorchDispatchMode` sees every aten op; one record per op output, attributed to the
+  innermost module that called it, with the op (`aten.rsqrt.default`) and the user-code source line.
+  Pure aliasing ops (view, transpose, unsqueeze, ...) are not recorded: their output is the same data.
+
+Random ops (randn, rand, dropout, ...) are always recorded (kind "rng"), at both levels, so a run in
+another framework can be fed the same noise. Statistics are computed in the fused pass of `stats.py`;
+with `keep="full"` tensors stream into safetensors shards (memory bounded by one shard).
+
+    >>> import torch, tensorprobe as tp
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    >>> bundle = tp.capture(model, torch.randn(2, 4), level="op")
+    >>> [r.name for r in bundle][:3]
+    ['input.0', '0/addmm.0', '1/relu.0']
+
+As a context manager around your own code:
+
+    >>> with tp.capture(model, level="module", keep="full", out="ref") as cap:   # doctest: +SKIP
+    ...     y = model(x); y = model(y)                                          # both calls recorded
+    >>> cap.bundle                                                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from .bundle import Bundle, BundleWriter, describe_inputs
+from .errors import InputError
+from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_OUTPUT, KIND_RNG, Record, dtype_name, module_label,
+                     record_name)
+from .stats import compute_stats
+
+LEVELS = ("module", "op")
+KEEPS = ("stats", "full")
+
+# Ops whose output aliases an input with the same elements: recording them would only repeat data.
+ALIAS_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand",
+    "alias", "detach", "lift_fresh", "view_as_real", "view_as_complex", "_reshape_alias", "flatten",
+    "unflatten", "movedim", "contiguous", "clone", "numpy_T", "expand_as", "view_as",
+})
+# Ops that draw from a random generator.
+RNG_OPS = frozenset({
+    "randn", "randn_like", "rand", "rand_like", "randint", "randint_like", "randperm", "normal", "normal_",
+    "uniform_", "bernoulli", "bernoulli_", "multinomial", "native_dropout", "exponential_", "geometric_",
+    "cauchy_", "log_normal_", "random_", "poisson", "rrelu_with_noise", "_standard_gamma", "binomial",
+})
+# Ops whose outputs are angles (compared modulo 2π by diff).
+ANGLE_OPS = frozenset({"atan2", "angle"})
+# Ops that never carry numerical information worth a record.
+SKIP_OPS = frozenset({"_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "copy_", "set_", "empty",
+                      "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "is_same_size",
+                      "_has_compatible_shallow_copy_type", "is_nonzero"})
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(__file__)
+_EXAMPLES_DIR = os.path.join(_OWN_DIR, "examples")
+
+
+def op_base_name(func: Any) -> str:
+    """'aten.rsqrt.default' -> 'rsqrt'."""
+    return func._schema.name.split("::")[-1]
+
+
+def user_source_line() -> str | None:
+    """`file.py:123 (function)` of the innermost frame outside torch and tensorprobe's own machinery."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        ours = fn.startswith(_OWN_DIR) and not fn.startswith(_EXAMPLES_DIR)
+        if not ours and not fn.startswith(_TORCH_DIR) and not fn.startswith("<frozen"):
+            return f"{fn}:{f.f_lineno} ({f.f_code.co_name})"
+        f = f.f_back
+    return None
+
+
+class _ModuleStack:
+    """Which module is running now, and how often each module has been called (for `@<call>` names)."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[str, int]] = []
+        self.calls: dict[str, int] = {}
+
+    def enter(self, path: str) -> int:
+        call = self.calls.get(path, -1) + 1
+        self.calls[path] = call
+        self.stack.append((path, call))
+        return call
+
+    def exit(self, path: str) -> None:
+        # Pop up to and including `path`: a module that raised may have left entries behind.
+        while self.stack:
+            if self.stack.pop()[0] == path:
+                break
+
+    @property
+    def current(self) -> tuple[str, int]:
+        return self.stack[-1] if self.stack else ("", 0)
+
+
+class _Recorder:
+    """The recording funnel: names, filters, statistics and storage of every captured tensor."""
+
+    def __init__(self, writer: BundleWriter, keep: str, include: re.Pattern | None, exclude: re.Pattern | None,
+                 channel_dim: int | None, on_record: Callable[[Record], None] | None):
+        self.writer = writer
+        self.keep_full = keep == "full"
+        self.include = include
+        self.exclude = exclude
+        self.channel_dim = channel_dim
+        self.on_record = on_record
+        self.order = 0
+        self.producer = WeakTensorKeyDictionary()  # tensor -> name of the record that produced it
+        self.op_counts: dict[tuple[str, int, str], int] = {}
+
+    def wanted(self, name: str, kind: str) -> bool:
+        if kind in (KIND_RNG, KIND_MODEL_INPUT):
+            return True  # noise and model inputs are always kept: replay and diagnosis need them
+        if self.include is not None and not self.include.search(name):
+            return False
+        return not (self.exclude is not None and self.exclude.search(name))
+
+    def input_names(self, args: Iterable[Any]) -> tuple[str, ...]:
+        names = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                n = self.producer.get(a)
+                if n is not None and n not in names:
+                    names.append(n)
+        return tuple(names)
+
+    def record(self, t: torch.Tensor, *, name: str, module: str, op: str, kind: str, call: int = 0,
+               source: str | None = None, inputs: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> None:
+        if not self.wanted(name, kind):
+            return
+        rec = Record(
+            name=name, module=module, op=op, order=self.order, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
+            stats=compute_stats(t, self.channel_dim), kind=kind, call=call, device=str(t.device), source=source,
+            inputs=inputs, tags=tags,
+        )
+        store = self.keep_full or kind in (KIND_RNG, KIND_MODEL_INPUT)
+        rec = self.writer.add(rec, t if store else None)
+        self.order += 1
+        self.producer[t] = rec.name
+        if self.on_record is not None:
+            self.on_record(rec)
+
+
+class _OpMode(TorchDispatchMode):
+    """Sees every aten op. Records op outputs (level="op") or only random ops (level="module")."""
+
+    def __init__(self, recorder: _Recorder, modules: _ModuleStack, all_ops: bool):
+        super().__init__()
+        self.recorder = recorder
+        self.modules = modules
+        self.all_ops = all_ops
+        self.paused = False  # set while hooks compute statistics, so their ops are not recorded
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
+        base = op_base_name(func)
+        is_rng = base in RNG_OPS
+        if base in SKIP_OPS or (not is_rng and not self.all_ops):
+            return out
+        rec = self.recorder
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if base in ALIAS_OPS and not is_rng:
+            self._alias(args, flat_out)
+            return out
+        module, call = self.modules.current
+        key = (module, call, base)
+        k = rec.op_counts.get(key, 0)
+        rec.op_counts[key] = k + 1
+        inputs = rec.input_names(tree_flatten((args, kwargs))[0])
+        source = user_source_line()
+        tags = ("angle",) if base in ANGLE_OPS else ()
+        multi = len(flat_out) > 1
+        for i, t in enumerate(flat_out):
+            name = record_name(module, call, str(func), k, output=i if multi else None)
+            rec.record(t, name=name, module=module, op=str(func), kind=KIND_RNG if is_rng else KIND_OUTPUT,
+                       call=call, source=source, inputs=inputs, tags=tags)
+        return out
+
+    def _alias(self, args: tuple, flat_out: list[torch.Tensor]) -> None:
+        """Let an alias inherit the name of its source, so the op graph stays connected."""
+        src = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        name = self.recorder.producer.get(src) if src is not None else None
+        if name is not None:
+            for t in flat_out:
+                self.recorder.producer[t] = name
+
+
+class Capture:
+    """Capture intermediates of `model` while code runs; see `capture()` for the arguments.
+
+    Use as a context manager around any code that calls the model, or call `run(*inputs)`.
+    After exit, `bundle` is the opened `Bundle` (also when the forward raised: then it is marked
+    incomplete and holds every record made before the failure).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, level: str = "module", keep: str = "stats",
+                 include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
+                 record_inputs: bool = False, channel_dim: int | None = 1,
+                 on_record: Callable[[Record], None] | None = None, model_info: dict | None = None,
+                 shard_bytes: int | None = None):
+        if level not in LEVELS:
+            raise InputError(f"unknown capture level {level!r}; use one of {', '.join(LEVELS)}")
+        if keep not in KEEPS:
+            raise InputError(f"unknown keep mode {keep!r}; use one of {', '.join(KEEPS)}")
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"capture needs a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.level = level
+        self.keep = keep
+        self.include = _compile(include, "include")
+        self.exclude = _compile(exclude, "exclude")
+        self.record_inputs = record_inputs
+        self.channel_dim = channel_dim
+        self.on_record = on_record
+        self.model_info = {"class": type(model).__name__,
+                           "parameters": sum(p.numel() for p in model.parameters()), **(model_info or {})}
+        self.out = Path(out) if out is not None else None
+        self.shard_bytes = shard_bytes
+        self.bundle: Bundle | None = None
+        self._writer: BundleWriter | None = None
+        self._handles: list[Any] = []
+        self._mode: _OpMode | None = None
+        self._tmpdir: tempfile.TemporaryDirectory | None = None
+
+    # ---- context manager ------------------------------------------------------------------------------
+    def __enter__(self) -> "Capture":
+        self._open_writer(inputs=None)
+        self._install()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._uninstall()
+        assert self._writer is not None
+        self._writer.close(error=exc)
+        self.bundle = Bundle.open(self._writer.path)
+        if self._tmpdir is not None:
+            weakref.finalize(self.bundle, self._tmpdir.cleanup)
+
+    def run(self, *inputs: Any, **kwinputs: Any) -> Any:
+        """Record the model inputs, run the forward, return its output."""
+        self._record_model_inputs(inputs, kwinputs)
+        with torch.no_grad():
+            return self.model(*inputs, **kwinputs)
+
+    # ---- internals -------------------------------------------------------------------------------------
+    def _open_writer(self, inputs: dict | None) -> None:
+        out = self.out
+        if out is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="tensorprobe-capture-")
+            out = Path(self._tmpdir.name) / "bundle"
+        kw = {} if self.shard_bytes is None else {"shard_bytes": self.shard_bytes}
+        self._writer = BundleWriter(
+            out, model=self.model_info, capture={"level": self.level, "keep": self.keep,
+                                                 "include": _pattern(self.include), "exclude": _pattern(self.exclude)},
+            inputs=inputs, **kw)
+        self._modules = _ModuleStack()
+        self._recorder = _Recorder(self._writer, self.keep, self.include, self.exclude, self.channel_dim,
+                                   self.on_record)
+
+    def _record_model_inputs(self, inputs: tuple, kwinputs: dict) -> None:
+        named = {str(i): t for i, t in enumerate(inputs)} | {str(k): v for k, v in kwinputs.items()}
+        assert self._writer is not None
+        self._writer.set_header(inputs=describe_inputs(named))
+        with self._paused():
+            for key, t in named.items():
+                if isinstance(t, torch.Tensor):
+                    self._recorder.record(t, name=f"input.{key}", module="", op="input", kind=KIND_MODEL_INPUT)
+
+    def _install(self) -> None:
+        for path, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._post_hook(path), always_call=True))
+        self._mode = _OpMode(self._recorder, self._modules, all_ops=self.level == "op")
+        self._mode.__enter__()
+
+    def _uninstall(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _paused(self):
+        mode = self._mode
+
+        class _Pause:
+            def __enter__(self_inner):
+                if mode is not None:
+                    mode.paused = True
+
+            def __exit__(self_inner, *exc):
+                if mode is not None:
+                    mode.paused = False
+
+        return _Pause()
+
+    def _pre_hook(self, path: str):
+        def hook(module, args, kwargs):
+            call = self._modules.enter(path)
+            if self.record_inputs:
+                tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+                with self._paused():
+                    for i, t in enumerate(tensors):
+                        self._recorder.record(t, name=record_name(path, call, output=f"in{i}"), module=path,
+                                              op="module_input", kind=KIND_INPUT, call=call)
+        return hook
+
+    def _post_hook(self, path: str):
+        def hook(module, args, output):
+            top, call = self._modules.current
+            if top != path:  # a child raised and left its entry behind
+                call = self._modules.calls.get(path, 0)
+            self._modules.exit(path)
+            if self.level != "module":
+                return
+            flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+            rec = self._recorder
+            inputs = rec.input_names(tree_flatten(args)[0])
+            with self._paused():
+                for i, t in enumerate(flat):
+                    rec.record(t, name=record_name(path, call, output=i if len(flat) > 1 else None),
+                               module=path, op=f"module:{type(module).__name__}", kind=KIND_OUTPUT,
+                               call=call, inputs=inputs)
+        return hook
+
+
+def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: str = "stats",
+            include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
+            record_inputs: bool = False, channel_dim: int | None = 1,
+            on_record: Callable[[Record], None] | None = None, **kwinputs: Any) -> Bundle | Capture:
+    """Capture every intermediate of `model` into a bundle.
+
+    Args:
+        model: the PyTorch module.
+        *inputs, **kwinputs: forward inputs. Given: the forward runs now and the `Bundle` is returned.
+            Omitted: a `Capture` context manager is returned, to wrap your own code.
+        level: "module" (one record per module call, forward hooks) or "op" (one record per aten op
+            output, `TorchDispatchMode`, attributed to the innermost module, with the source line).
+        keep: "stats" (statistics only) or "full" (also the tensors, streamed to safetensors shards).
+            Random-op outputs and model inputs are always stored, for replay and diagnosis.
+        include / exclude: regexes searched in record names.
+        out: bundle directory; default a temporary directory that lives as long as the returned Bundle.
+        record_inputs: also record each module call's tensor inputs (`<module>:in<i>`), for isolating a
+            module in another runtime.
+        channel_dim: dimension analysed for entirely non-finite channels.
+        on_record: called with each new Record (progress display).
+
+    Returns:
+        The `Bundle` (inputs given), or a `Capture` context manager. A forward that raises leaves a
+        readable bundle marked incomplete (at `out`), then the exception propagates.
+
+    Example:
+        >>> bundle = capture(model, x, level="op", keep="full", out="ref")   # doctest: +SKIP
+        >>> bundle["generator.noise_res.0.adain1.0.norm/rsqrt.0"].stats.nonfinite_channels  # doctest: +SKIP
+        38
+    """
+    cap = Capture(model, level=level, keep=keep, include=include, exclude=exclude, out=out,
+                  record_inputs=record_inputs, channel_dim=channel_dim, on_record=on_record)
+    if not inputs and not kwinputs:
+        return cap
+    with cap:
+        cap.run(*inputs, **kwinputs)
+    assert cap.bundle is not None
+    return cap.bundle
+
+
+def _compile(pattern: str | None, what: str) -> re.Pattern | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise InputError(f"invalid --{what} regex {pattern!r}: {e}") from None
+
+
+def _pattern(p: re.Pattern | None) -> str | None:
+    return p.pattern if p is not None else None
+
+
+
+
+__all__ = ["Capture", "capture", "ALIAS_OPS", "RNG_OPS", "ANGLE_OPS", "module_label"]

@@ -1,0 +1,210 @@
+"""Plain-words diagnosis of an op that turned finite inputs into NaN/Inf, chosen from the evidence.
+
+Each rule is a small function `(evidence) -> list[str]`; `diagnose()` runs them in order, most specific
+first. Evidence is the op's base name (`rsqrt`), the module type around it, and its input/output tensors
+(or only their statistics, for a bundle captured elsewhere).
+
+    >>> import torch
+    >>> ev = Evidence(op="rsqrt", module_type="InstanceNorm1d",
+    ...               inputs=[torch.tensor([[[0.5], [-0.2]]])], output=torch.tensor([[[1.4], [float("nan")]]]))
+    >>> diagnose(ev)[0]
+    'rsqrt of 1 negative value (input min -0.2).'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .stats import TensorStats, compute_stats
+
+_NEG_DOMAIN_OPS = {"rsqrt", "sqrt", "log", "log2", "log10", "pow", "acosh", "lgamma", "digamma"}
+_LOG_OPS = {"log", "log2", "log10", "log1p"}
+_UNIT_DOMAIN_OPS = {"acos", "asin", "atanh"}
+_EXP_OPS = {"exp", "exp2", "expm1", "sinh", "cosh", "_softmax", "softmax"}
+_DIV_OPS = {"div", "reciprocal", "remainder", "fmod", "true_divide", "floor_divide"}
+_NORM_OPS = {"native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+             "native_layer_norm", "native_group_norm", "instance_norm", "batch_norm", "layer_norm", "group_norm"}
+_ACCUM_OPS = {"add", "sub", "sum", "mean", "cumsum", "mm", "bmm", "addmm", "baddbmm", "matmul", "convolution",
+              "conv1d", "conv2d", "linear", "mul", "var", "std", "var_mean", "norm", "linalg_vector_norm", "pow"}
+
+
+@dataclass
+class Evidence:
+    op: str
+    module_type: str = ""
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    output: torch.Tensor | None = None
+    input_stats: list[TensorStats] = field(default_factory=list)
+    output_stats: TensorStats | None = None
+
+    def __post_init__(self) -> None:
+        if not self.input_stats and self.inputs:
+            self.input_stats = [compute_stats(t) for t in self.inputs]
+        if self.output_stats is None and self.output is not None:
+            self.output_stats = compute_stats(self.output)
+
+    @property
+    def float_inputs(self) -> list[torch.Tensor]:
+        return [t for t in self.inputs if t.is_floating_point() and t.numel()]
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        if self.output is not None:
+            return self.output.dtype
+        return None
+
+
+def exp_overflow_threshold(dtype: torch.dtype) -> float:
+    """Largest x with exp(x) finite: ~88.7 for float32/bfloat16, ~11.1 for float16."""
+    return math.log(torch.finfo(dtype).max)
+
+
+def _looks_like_statistic(t: torch.Tensor) -> bool:
+    """A per-channel (or per-row) statistic has at most two non-singleton dims, e.g. [1, C, 1]."""
+    return t.dim() >= 2 and sum(s > 1 for s in t.shape) <= 1
+
+
+def _in_normalization(ev: Evidence) -> bool:
+    return "norm" in ev.module_type.lower() or ev.op in _NORM_OPS
+
+
+_VARIANCE_ADVICE = (
+    "A per-channel statistic went negative: this is a normalization whose variance came out negative "
+    "(or zero), typically var = E[x²] − E[x]² with cancellation on channels whose mean is large against "
+    "their spread, made worse by reduced precision. Compute the variance as E[(x − mean)²] in float32, "
+    "or avoid the backend's lowering of this normalization."
+)
+
+
+def _rule_negative_domain(ev: Evidence) -> list[str]:
+    if ev.op not in _NEG_DOMAIN_OPS and ev.op not in _LOG_OPS or not ev.float_inputs:
+        return []
+    x = ev.float_inputs[0]
+    if ev.op == "pow" and len(ev.inputs) > 1:
+        return []  # pow(tensor, tensor): handled by the generic rule
+    neg = int((x < 0).sum())
+    zero = int((x == 0).sum())
+    out = []
+    if neg and ev.op != "log1p":
+        out.append(f"{ev.op} of {neg} negative value{'s' if neg > 1 else ''} (input min {float(x.min()):.3g}).")
+        if _looks_like_statistic(x) or _in_normalization(ev):
+            out.append(_VARIANCE_ADVICE)
+    if zero and ev.op in ("rsqrt", *_LOG_OPS):
+        what = "1/sqrt(0) = Inf" if ev.op == "rsqrt" else "log(0) = -Inf"
+        out.append(f"{ev.op} of {zero} exact zero{'s' if zero > 1 else ''}: {what}. Add an epsilon or a floor "
+                   f"(e.g. clamp(min=1e-5)) before {ev.op}.")
+    if ev.op == "log1p" and int((x < -1).sum()):
+        out.append(f"log1p of {int((x < -1).sum())} values below -1.")
+    return out
+
+
+def _rule_unit_domain(ev: Evidence) -> list[str]:
+    if ev.op not in _UNIT_DOMAIN_OPS or not ev.float_inputs:
+        return []
+    x = ev.float_inputs[0]
+    bad = int((x.abs() > 1).sum())
+    return [f"{ev.op} of {bad} values outside [-1, 1] (|x| max {float(x.abs().max()):.4g}); clamp the input."] if bad else []
+
+
+def _rule_exp_overflow(ev: Evidence) -> list[str]:
+    if ev.op not in _EXP_OPS or not ev.float_inputs:
+        return []
+    x = ev.float_inputs[0]
+    limit = exp_overflow_threshold(x.dtype)
+    mx = float(x.max())
+    if mx <= limit:
+        return []
+    over = int((x > limit).sum())
+    return [f"{ev.op} overflow: input max {mx:.4g} exceeds {limit:.1f}, the largest exponent {str(x.dtype)[6:]} can "
+            f"hold ({over} value{'s' if over > 1 else ''} over it); exp(x) multiplies any upstream error by its "
+            "output. Check the scale of the values feeding it (seed 000's spec = exp(x_post))."]
+
+
+def _rule_division(ev: Evidence) -> list[str]:
+    if ev.op not in _DIV_OPS or not ev.float_inputs:
+        return []
+    divisor = ev.inputs[0] if ev.op == "reciprocal" else (ev.inputs[1] if len(ev.inputs) > 1 else None)
+    if divisor is None or not isinstance(divisor, torch.Tensor):
+        return []
+    zeros = int((divisor == 0).sum())
+    if not zeros:
+        return []
+    msg = f"division by zero: the divisor holds {zeros} exact zero{'s' if zeros > 1 else ''}"
+    if ev.op != "reciprocal" and isinstance(ev.inputs[0], torch.Tensor):
+        num, den = torch.broadcast_tensors(ev.inputs[0], divisor)
+        both = int(((num == 0) & (den == 0)).sum())
+        if both:
+            msg += f", {both} of them 0/0 (NaN)"
+    return [msg + ". Guard the divisor (e.g. normalising silent audio by its peak: use max(peak, eps))."]
+
+
+def _rule_normalization(ev: Evidence) -> list[str]:
+    if ev.op not in _NORM_OPS:
+        return []
+    return ["The normalization produced non-finite per-channel statistics: variance negative or zero with eps "
+            "too small, or squares overflowing the dtype."]
+
+
+def _rule_overflow(ev: Evidence) -> list[str]:
+    st = ev.output_stats
+    if st is None or ev.op not in _ACCUM_OPS or (st.posinf + st.neginf) == 0:
+        return []
+    dt = ev.dtype or torch.float32
+    mx = torch.finfo(dt).max if dt.is_floating_point else None
+    return [f"{ev.op} overflowed the {str(dt)[6:]} range (max {mx:.4g}): {st.posinf + st.neginf} results are ±Inf. "
+            "Accumulate in float32, or rescale the values before this op."]
+
+
+def _rule_reduced_precision(ev: Evidence) -> list[str]:
+    low = {str(t.dtype)[6:] for t in ev.float_inputs if t.dtype in (torch.float16, torch.bfloat16)}
+    return [f"Inputs are {', '.join(sorted(low))}: reduced precision makes cancellation and overflow far more "
+            "likely; rerun the op in float32 to confirm."] if low else []
+
+
+def _rule_channel_pattern(ev: Evidence) -> list[str]:
+    st = ev.output_stats
+    if st is None or not st.nonfinite_channels or not st.channels or st.nonfinite_channels == st.channels:
+        return []
+    return [f"Pattern: {st.nonfinite_channels} of {st.channels} channels entirely non-finite — the fingerprint of a "
+            "per-channel scalar (a normalization's mean or variance) gone bad. The next op that mixes channels "
+            "(a convolution) will make every channel non-finite."]
+
+
+RULES: list[Callable[[Evidence], list[str]]] = [
+    _rule_negative_domain, _rule_unit_domain, _rule_exp_overflow, _rule_division, _rule_normalization,
+    _rule_overflow, _rule_channel_pattern, _rule_reduced_precision,
+]
+
+
+def diagnose(ev: Evidence) -> list[str]:
+    """Plain-words findings for the op in `ev`, most specific first; never empty."""
+    out: list[str] = []
+    for rule in RULES:
+        out.extend(rule(ev))
+    if not out or all(r in _rule_reduced_precision(ev) + _rule_channel_pattern(ev) for r in out):
+        st = ev.output_stats
+        what = f"{st.nan} NaN and {st.posinf + st.neginf} ±Inf values" if st else "non-finite values"
+        out.insert(0, f"{ev.op} produced {what} from finite inputs.")
+    return out
+
+
+def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats],
+                        output_stats: TensorStats) -> list[str]:
+    """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only)."""
+    out = []
+    if _in_normalization(Evidence(op=op, module_type=module_type)) and output_stats.nonfinite_channels:
+        out.append(_VARIANCE_ADVICE)
+    if any(op.lower().startswith(p) or p in op.lower() for p in ("exp",)) and input_stats:
+        mx = input_stats[0].max
+        if mx is not None and mx > exp_overflow_threshold(torch.float16):
+            out.append(f"exp input max {mx:.4g}: overflows float16 above ~11.1 and float32 above ~88.7.")
+    out.extend(_rule_channel_pattern(Evidence(op=op, output_stats=output_stats)))
+    if not out:
+        out.append(f"{op} is the first record holding non-finite values ({output_stats.nan} NaN, "
+                   f"{output_stats.posinf + output_stats.neginf} ±Inf); capture with level='op', keep='full' "
+                   "for a finer diagnosis.")
+    return out

@@ -1,0 +1,94 @@
+"""Terminal rendering of the core findings: a NaN origin and a bundle's records."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..bundle import Bundle
+from ..nan import NanOrigin, TensorSummary
+from ..record import Record
+from ..stats import TensorStats
+
+
+def fmt(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, int):
+        return str(v)
+    return f"{v:.{digits}g}"
+
+
+def _stats_cells(s: TensorStats) -> list[str]:
+    finite = f"{s.finite_frac:.4%}" if s.finite_frac < 1 else "100%"
+    return [finite, str(s.nan), str(s.posinf + s.neginf), fmt(s.min), fmt(s.max), fmt(s.mean), fmt(s.std)]
+
+
+_STATS_HEAD = ["finite", "NaN", "±Inf", "min", "max", "mean", "std"]
+
+
+def render_nan_origin(console: Console, origin: NanOrigin) -> None:
+    """The finding, its evidence table (inputs and output), the diagnosis and how the damage spreads."""
+    style = "bold red" if origin.found else "bold green"
+    console.print(f"[{style}]{escape(origin.headline())}[/]")
+    if not origin.found:
+        return
+    if origin.record:
+        console.print(f"  record: [cyan]{escape(origin.record)}[/]")
+    if origin.module_type:
+        console.print(f"  module type: {escape(origin.module_type)}")
+    if origin.source:
+        console.print(f"  source: {escape(origin.source)}")
+    table = Table(title="evidence", title_justify="left", show_edge=False)
+    for col in ["tensor", "shape", "dtype", *_STATS_HEAD, "channels"]:
+        table.add_column(col, overflow="fold")
+    rows: list[TensorSummary] = list(origin.inputs) + ([origin.output] if origin.output else [])
+    for i, t in enumerate(rows):
+        label = "→ output" if i == len(rows) - 1 else t.name
+        table.add_row(escape(label), str(list(t.shape)), t.dtype, *_stats_cells(t.stats),
+                      escape(t.stats.channel_pattern() or ""))
+    console.print(table)
+    console.print("[bold]diagnosis[/]")
+    for d in origin.diagnosis:
+        console.print(f"  • {escape(d)}")
+    if origin.spread:
+        console.print("[bold]spread[/] (module outputs after the origin)")
+        for s in origin.spread:
+            console.print(f"  {escape(s.module)}: {s.finite_frac:.2%} finite" + (f" — {escape(s.pattern)}" if s.pattern else ""))
+    if origin.note:
+        console.print(f"[yellow]note:[/] {escape(origin.note)}")
+
+
+def select_records(bundle: Bundle, pattern: str | None = None, nonfinite_only: bool = False) -> Iterable[Record]:
+    rx = re.compile(pattern) if pattern else None
+    for r in bundle:
+        if rx is not None and not rx.search(r.name):
+            continue
+        if nonfinite_only and r.stats.all_finite:
+            continue
+        yield r
+
+
+def render_bundle(console: Console, bundle: Bundle, records: list[Record], total: int) -> None:
+    m = bundle.manifest
+    status = m.get("status", "?")
+    color = "green" if status == "complete" else "yellow"
+    rt = m.get("runtime", {})
+    console.print(f"[bold]{escape(str(bundle.path))}[/]  [{color}]{status}[/]  runtime: {escape(str(rt.get('name', '?')))} "
+                  f"{escape(str(rt.get('version', '')))}  records: {len(bundle)}")
+    if bundle.error:
+        console.print(f"[yellow]capture error:[/] {escape(bundle.error.get('type', ''))}: {escape(bundle.error.get('message', ''))}")
+    table = Table(show_edge=False)
+    for col in ["#", "name", "op", "shape", "dtype", *_STATS_HEAD, "channels"]:
+        table.add_column(col, overflow="fold")
+    for r in records:
+        style = None if r.stats.all_finite else "red"
+        table.add_row(str(r.order), escape(r.name), escape(r.op), str(list(r.shape)), r.dtype, *_stats_cells(r.stats),
+                      escape(r.stats.channel_pattern() or ""), style=style)
+    console.print(table)
+    if len(records) < total:
+        console.print(f"[dim]{total - len(records)} more records (use --limit 0 for all)[/]")
