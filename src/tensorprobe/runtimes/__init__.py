@@ -13,6 +13,8 @@ from .base import RuntimeAdapter, RuntimeTensor
 
 # name -> "module:Class", imported on first use.
 _REGISTRY: dict[str, str] = {
+    "onnxruntime": "onnxruntime:OnnxRuntimeAdapter",
+    "onnx": "onnxruntime:OnnxRuntimeAdapter",
 }
 
 

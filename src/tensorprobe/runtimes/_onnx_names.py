@@ -1,0 +1,362 @@
+"""Name every value of an ONNX graph by the PyTorch module path it comes from.
+
+The record-name grammar of `tensorprobe.record` is shared with PyTorch captures, so `diff` lines an ONNX
+Runtime capture up with a PyTorch one by exact name:
+
+    ONNX node (legacy exporter)                                   record
+    /generator/noise_res.0/adain1.0/norm/InstanceNormalization    generator.noise_res.0.adain1.0.norm
+    /generator/noise_res.0/adain1.0/Mul_1  (inner op)             generator.noise_res.0.adain1.0/Mul.1
+    graph output                                                  <root>
+
+Where the module scope of a node comes from, first match wins:
+
+1. a mapping rule (`REGEX -> MODULE` lines in a rules file) matched against the node name;
+2. `tensorprobe.scope`, stamped by `OnnxRuntimeAdapter` when it exports (module path and call index of
+   every node, from the ExportedProgram's `nn_module_stack`);
+3. `pkg.torch.onnx.name_scopes`, written by the dynamo exporter (module path, no call index);
+4. a legacy-exporter node name `/a/b.0/c/OpType_3` (a repeated call shows up as `c_1`);
+5. nodes with none of these (added by an optimizer or by `onnxruntime.quantization`) are grouped into
+   connected clusters; a cluster takes the module of a parameter it reads (`conv.weight_quantized` ->
+   `conv`), else the module of the latest node feeding it, else of the first node it feeds.
+
+A module's output is the data value (one that depends on a graph input) produced inside the module's
+scope and consumed outside it; one such value is named like the PyTorch module record (`path`, `path@call`),
+several are `path:0`, `path:1`... in production order. Every other value is `<module>/<OpType>.<k>`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..errors import InputError
+from ..record import record_name
+
+SCOPE_KEY = "tensorprobe.scope"
+ANGLE_OPS = {"Atan"}
+ANGLE_PASS_OPS = {"Where", "Add", "Sub", "Neg", "ScatterND", "ScatterElements", "Identity"}
+RNG_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+SHAPE_OPS = {"Shape", "Size"}
+ANGLE_TARGETS = {"aten.atan2.default", "aten.angle.default"}
+_FX_NODE = re.compile(r"^%(\S+) : .*?target=torch\.ops\.([\w.]+)")
+_PARAM_SUFFIX = re.compile(r"(_quantized|_scale|_zero_point|_zp|_q|_dequantized)+$")
+_LEGACY_CALL = re.compile(r"^(.*)_(\d+)$")
+
+Chain = tuple[tuple[str, int], ...]   # ((module path, call), ...) outermost first, root excluded
+
+
+@dataclass
+class ValuePlan:
+    """How one ONNX value becomes one or more records."""
+
+    value: str
+    names: list[str]
+    module: str
+    op: str
+    node_index: int
+    inputs: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+
+@dataclass
+class MappingRules:
+    """`REGEX -> MODULE` pairs applied to ONNX node names (first match wins; `\\1` groups allowed).
+
+    File format, one rule per line, `#` comments:
+
+        ^/model/layers\\.(\\d+)/.*   ->   decoder.blocks.\\1
+        ^conv_post_.*              ->   generator.conv_post
+    """
+
+    rules: list[tuple[re.Pattern, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_file(cls, path: str) -> "MappingRules":
+        try:
+            text = open(path, encoding="utf-8").read()
+        except OSError as e:
+            raise InputError(f"{path}: can't read mapping rules ({e.strerror})") from None
+        return cls.parse(text, source=str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<rules>") -> "MappingRules":
+        rules = []
+        for i, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if "->" not in line:
+                raise InputError(f"{source}:{i}: expected 'REGEX -> MODULE', got {line!r}")
+            pat, repl = (s.strip() for s in line.rsplit("->", 1))
+            try:
+                rules.append((re.compile(pat), repl))
+            except re.error as e:
+                raise InputError(f"{source}:{i}: invalid regex {pat!r}: {e}") from None
+        return cls(rules)
+
+    def module_of(self, node_name: str) -> str | None:
+        for pat, repl in self.rules:
+            m = pat.search(node_name)
+            if m:
+                return m.expand(repl).strip(".")
+        return None
+
+
+def chain_of_path(path: str, call: int = 0) -> Chain:
+    """'a.b.c' -> (('a',0), ('a.b',0), ('a.b.c',call))."""
+    if not path:
+        return ()
+    parts = path.split(".")
+    return tuple((".".join(parts[:k]), 0) for k in range(1, len(parts))) + ((path, call),)
+
+
+def _meta(node: Any) -> dict[str, str]:
+    return {p.key: p.value for p in node.metadata_props}
+
+
+def _scope_from_metadata(node: Any) -> Chain | None:
+    md = _meta(node)
+    if SCOPE_KEY in md:
+        return tuple((p, int(c)) for p, c in json.loads(md[SCOPE_KEY]))
+    scopes = md.get("pkg.torch.onnx.name_scopes")
+    if scopes:
+        try:
+            names = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):
+            return None
+        if isinstance(names, list) and len(names) >= 2:
+            return chain_of_path(names[-2]) if names[-2] else ()
+    return None
+
+
+def _legacy_components(node_name: str) -> list[str] | None:
+    if not node_name.startswith("/"):
+        return None
+    return node_name.split("/")[1:-1]
+
+
+def _legacy_chain(comps: list[str], known: set[str]) -> Chain:
+    """Components of a legacy name -> chain; `norm_1` is call 1 of `norm` unless `norm_1` is a module."""
+    chain: list[tuple[str, int]] = []
+    prefix = ""
+    for c in comps:
+        call = 0
+        full = f"{prefix}.{c}" if prefix else c
+        m = _LEGACY_CALL.match(c)
+        if m and full not in known:
+            stem = f"{prefix}.{m.group(1)}" if prefix else m.group(1)
+            if stem in known:
+                full, call = stem, int(m.group(2))
+        chain.append((full, call))
+        prefix = full
+    return tuple(chain)
+
+
+def _fix_legacy_calls(chains: list[Chain | None]) -> None:
+    """The legacy exporter names the 2nd call of `blk` `/blk_1/` for its own ops but `/blk/lin_1/` for its
+    children's: lift a child's call index to its parent when the parent is seen with that call."""
+    seen = {key for c in chains if c for key in c}
+    for i, chain in enumerate(chains):
+        if not chain:
+            continue
+        fixed = list(chain)
+        for j in range(len(fixed) - 1, 0, -1):
+            (ppath, pcall), (_, call) = fixed[j - 1], fixed[j]
+            if call and not pcall and (ppath, call) in seen:
+                fixed[j - 1] = (ppath, call)
+        chains[i] = tuple(fixed)
+
+
+def _known_modules(graph: Any) -> set[str]:
+    """Module paths named by parameters (`a.b.weight` -> a, a.b) and by legacy scopes without a suffix."""
+    known: set[str] = set()
+    for init in graph.initializer:
+        parts = _PARAM_SUFFIX.sub("", init.name).split(".")[:-1]
+        known.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
+    for node in graph.node:
+        comps = _legacy_components(node.name) or []
+        known.update(".".join(comps[:k]) for k in range(1, len(comps) + 1) if not _LEGACY_CALL.match(comps[k - 1]))
+    return known
+
+
+class GraphNamer:
+    """Works out module scopes and record names for the values of one ONNX graph."""
+
+    def __init__(self, model: Any, rules: MappingRules | None = None, input_records: dict[str, str] | None = None):
+        self.graph = model.graph
+        self.input_records = input_records or {}
+        self.nodes = list(self.graph.node)
+        self.rules = rules or MappingRules()
+        self.initializers = {i.name for i in self.graph.initializer}
+        self.graph_inputs = [i.name for i in self.graph.input if i.name not in self.initializers]
+        self.graph_outputs = [o.name for o in self.graph.output]
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            for o in node.output:
+                if o:
+                    self.producer[o] = i
+            for v in node_inputs(node):
+                self.consumers.setdefault(v, []).append(i)
+        self.known = _known_modules(self.graph)
+        self.chains = self._scopes()
+
+    # ---- scopes -----------------------------------------------------------------------------------------
+    def _scopes(self) -> list[Chain]:
+        chains: list[Chain | None] = []
+        by_path: dict[str, Chain] = {}
+        for node in self.nodes:
+            chain = self._direct_scope(node)
+            if chain:
+                by_path[chain[-1][0]] = chain
+            chains.append(chain)
+        _fix_legacy_calls(chains)
+        self._fill_clusters(chains, by_path)
+        return [c if c is not None else () for c in chains]
+
+    def _direct_scope(self, node: Any) -> Chain | None:
+        ruled = self.rules.module_of(node.name) if self.rules.rules else None
+        if ruled is not None:
+            return chain_of_path(ruled)
+        chain = _scope_from_metadata(node)
+        if chain is not None:
+            return chain
+        comps = _legacy_components(node.name)
+        return _legacy_chain(comps, self.known) if comps is not None else None
+
+    def _fill_clusters(self, chains: list[Chain | None], by_path: dict[str, Chain]) -> None:
+        unknown = [i for i, c in enumerate(chains) if c is None]
+        parent = {i: i for i in unknown}
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i in unknown:
+            for v in node_inputs(self.nodes[i]):
+                j = self.producer.get(v)
+                if j is not None and j in parent:
+                    parent[find(i)] = find(j)
+        clusters: dict[int, list[int]] = {}
+        for i in unknown:
+            clusters.setdefault(find(i), []).append(i)
+        for members in clusters.values():
+            chain = self._cluster_scope(members, chains, by_path)
+            for i in members:
+                chains[i] = chain
+
+    def _cluster_scope(self, members: list[int], chains: list[Chain | None], by_path: dict[str, Chain]) -> Chain:
+        mset = set(members)
+        for i in members:
+            for v in node_inputs(self.nodes[i]):
+                if v in self.initializers:
+                    path = ".".join(_PARAM_SUFFIX.sub("", v).split(".")[:-1])
+                    if path and path in self.known:
+                        return by_path.get(path, chain_of_path(path))
+        feeding = [self.producer[v] for i in members for v in node_inputs(self.nodes[i])
+                   if v in self.producer and self.producer[v] not in mset and chains[self.producer[v]] is not None]
+        if feeding:
+            return chains[max(feeding)] or ()
+        fed = [j for i in members for o in self.nodes[i].output for j in self.consumers.get(o, ())
+               if j not in mset and chains[j] is not None]
+        return (chains[min(fed)] or ()) if fed else ()
+
+    # ---- values -----------------------------------------------------------------------------------------
+    def data_values(self) -> set[str]:
+        """Values that depend on a graph input other than through its shape."""
+        data = set(self.graph_inputs)
+        for node in self.nodes:
+            if node.op_type in SHAPE_OPS or node.op_type == "Constant":
+                continue
+            if any(v in data for v in node_inputs(node)):
+                data.update(o for o in node.output if o)
+        return data
+
+    def module_outputs(self) -> dict[str, list[str]]:
+        """value -> module-output record names (innermost module first)."""
+        data = self.data_values()
+        escaping: dict[tuple[str, int], list[str]] = {}
+        outputs = set(self.graph_outputs)
+        for i, node in enumerate(self.nodes):
+            chain = self.chains[i]
+            for o in node.output:
+                if not o or o not in data:
+                    continue
+                users = [set(self.chains[j]) for j in self.consumers.get(o, ())]
+                for key in chain:
+                    if o in outputs or any(key not in u for u in users):
+                        escaping.setdefault(key, []).append(o)
+        names: dict[str, list[str]] = {}
+        for (path, call), values in escaping.items():
+            for k, v in enumerate(values):
+                names.setdefault(v, []).append(record_name(path, call, output=k if len(values) > 1 else None))
+        roots = self.graph_outputs
+        for k, v in enumerate(roots):
+            names.setdefault(v, []).append(record_name("", output=k if len(roots) > 1 else None))
+        for v, lst in names.items():  # innermost module first
+            lst.sort(key=lambda n: (n.startswith("<root>"), -n.count(".")))
+        return names
+
+    def plan(self) -> list[ValuePlan]:
+        """One ValuePlan per non-constant node output, in graph (topological) order."""
+        mod_names = self.module_outputs()
+        counters: dict[tuple[Chain, str], int] = {}
+        primary = {v: self.input_records.get(v, f"input.{v}") for v in self.graph_inputs}
+        angle: set[str] = set()
+        plans = []
+        for i, node in enumerate(self.nodes):
+            if node.op_type == "Constant":
+                continue
+            chain = self.chains[i]
+            path, call = chain[-1] if chain else ("", 0)
+            key = (chain, node.op_type)
+            k = counters.get(key, 0)
+            counters[key] = k + 1
+            outs = [o for o in node.output if o]
+            inputs = tuple(primary[v] for v in node_inputs(node) if v in primary)
+            tags = self._tags(node, angle)
+            for j, o in enumerate(outs):
+                names = mod_names.get(o) or [record_name(path, call, op=node.op_type, k=k,
+                                                         output=j if len(node.output) > 1 else None)]
+                primary[o] = names[0]
+                if tags and "angle" in tags:
+                    angle.add(o)
+                plans.append(ValuePlan(value=o, names=names, module=path, op=node.op_type, node_index=i,
+                                       inputs=inputs, tags=tags))
+        return plans
+
+    def _tags(self, node: Any, angle: set[str]) -> tuple[str, ...]:
+        if node.op_type in RNG_OPS:
+            return ("rng",)
+        md = _meta(node)
+        fx = _FX_NODE.match(md.get("pkg.torch.onnx.fx_node", ""))
+        if node.op_type in ANGLE_OPS or (fx and fx.group(2) in ANGLE_TARGETS and fx.group(1) in node.output):
+            return ("angle",)
+        if node.op_type in ANGLE_PASS_OPS and any(v in angle for v in node.input):
+            return ("angle",)
+        return ()
+
+
+def node_inputs(node: Any) -> Iterable[str]:
+    """Names a node reads, including outer-scope names used inside its subgraphs (If/Loop/Scan)."""
+    for v in node.input:
+        if v:
+            yield v
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+        for g in graphs:
+            yield from _outer_refs(g)
+
+
+def _outer_refs(graph: Any) -> Iterable[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    for node in graph.node:
+        for v in node_inputs(node):
+            if v not in defined:
+                yield v
+        defined.update(node.output)

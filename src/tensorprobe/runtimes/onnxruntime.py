@@ -1,0 +1,474 @@
+"""ONNX Runtime: export a PyTorch model to ONNX, expose every intermediate value, run it on CPU.
+
+Every intermediate value becomes a graph output ("mark all", as Polygraphy calls it) or, with
+`include=REGEX`, a chosen subset. Values are named back to the PyTorch module path they come from
+(see `_onnx_names`), so a capture lines up with `tensorprobe.capture(model, ..., level="module")`:
+
+    >>> from tensorprobe.runtimes import get_runtime
+    >>> ort = get_runtime("onnxruntime")
+    >>> b = ort.capture(model, inputs, out="ort_bundle")                              # doctest: +SKIP
+    >>> b["generator.noise_res.0.adain1.0.norm"].runtime_name                          # doctest: +SKIP
+    'instance_norm_25'
+    >>> b = ort.capture_artifact("model_int8.onnx", {"asr": asr, ...}, out="int8")     # doctest: +SKIP
+
+Memory: all outputs of a 10 s Kokoro decoder run take ~8 GB. Records are yielded one at a time and
+dropped once written; when the estimated size of the selected outputs exceeds `max_bytes` the graph
+is cut into consecutive segments, each run as its own session on the values the previous ones
+produced, so every node still runs once and only one segment's outputs are in memory at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..errors import InputError, TargetError
+from ._onnx_names import SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
+from .base import RuntimeAdapter, RuntimeTensor
+
+EXPORTERS = ("dynamo", "legacy")
+_MIN_BUDGET = 256 << 20
+
+
+@dataclass
+class OnnxArtifact:
+    """An ONNX model ready to run: the proto, where it came from, and how its names map back."""
+
+    model: Any                       # onnx.ModelProto with its weights loaded
+    path: Path | None = None
+    exporter: str | None = None      # "dynamo" / "legacy" when tensorprobe exported it, None for a user file
+    rules: MappingRules | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class OnnxRuntimeAdapter(RuntimeAdapter):
+    """Capture every intermediate value of an ONNX model under ONNX Runtime (CPU).
+
+    Options (keyword arguments of `capture` / `capture_artifact`):
+        exporter: "dynamo" (default; `torch.onnx.export(dynamo=True)`, needs onnxscript) or "legacy"
+            (TorchScript exporter; note it turns `atan2` into a 0/0 division that gives NaN).
+        opset: ONNX opset for the export (exporter default if None).
+        rules: a mapping-rule file (`REGEX -> MODULE` per line) or `MappingRules`, for graphs whose node
+            names carry no module path.
+        max_bytes: memory budget for outputs held at once (default: a third of available memory).
+        threads: ONNX Runtime intra-op threads (default: ORT's choice).
+    """
+
+    name = "onnxruntime"
+    package = "onnxruntime"
+    extra = "onnx"
+    artifact_suffixes = (".onnx",)
+
+    def __init__(self) -> None:
+        self._artifact_info: dict[str, Any] = {}
+        self._select: tuple[re.Pattern | None, re.Pattern | None] = (None, None)
+        self.max_bytes: int | None = None
+        self.threads: int | None = None
+        self.last_run: dict[str, Any] = {}
+
+    # ---- hooks ------------------------------------------------------------------------------------
+    def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, exporter: str = "dynamo",
+                 opset: int | None = None, rules: Any = None, max_bytes: int | None = None,
+                 threads: int | None = None) -> OnnxArtifact:
+        self._set_run_options(max_bytes, threads)
+        path = workdir / "model.onnx"
+        export_onnx(model, inputs, path, exporter=exporter, opset=opset)
+        return self._load(path, rules=rules, exporter=exporter)
+
+    def _load(self, path: Path, *, rules: Any = None, exporter: str | None = None,
+              max_bytes: int | None = None, threads: int | None = None) -> OnnxArtifact:
+        import onnx
+
+        self._set_run_options(max_bytes, threads)
+        if not path.is_file():
+            raise TargetError(f"{path}: no such ONNX file")
+        try:
+            model = onnx.load(str(path))
+        except Exception as e:  # protobuf DecodeError and friends
+            raise TargetError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        if isinstance(rules, (str, os.PathLike)):
+            rules = MappingRules.from_file(str(rules))
+        art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules)
+        art.info = {"onnx_file": str(path), "exporter": exporter or "none (user file)",
+                    "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+                    "producer": f"{model.producer_name} {model.producer_version}".strip(),
+                    "mapping_rules": len(rules.rules) if rules else 0}
+        self._artifact_info = art.info
+        return art
+
+    def _run(self, artifact: OnnxArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
+        feeds = graph_feeds(artifact.model, inputs)
+        keys = list(inputs) if isinstance(inputs, dict) else [str(i) for i in range(len(feeds))]
+        records = {name: f"input.{key}" for name, key in zip(feeds, keys)}
+        plans = [p for p in GraphNamer(artifact.model, artifact.rules, records).plan() if self._selected(p)]
+        sizes = estimate_bytes(artifact.model, feeds)
+        budget = self.max_bytes or default_budget()
+        total = sum(sizes.get(p.value, 0) for p in plans)
+        self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
+        if total <= budget:
+            yield from self._run_once(artifact.model, feeds, plans)
+        else:
+            yield from self._run_segmented(artifact.model, feeds, plans, sizes, budget)
+
+    def runtime_info(self) -> dict[str, Any]:
+        info = super().runtime_info()
+        info.update(providers=["CPUExecutionProvider"], **self._artifact_info)
+        return info
+
+    def _capture_artifact(self, artifact: Any, inputs: Any, out: Any, *, keep: str, include: str | None,
+                          exclude: str | None, model_info: dict) -> Any:
+        # Apply include/exclude before running, so unselected values are never made graph outputs.
+        self._select = (_compile(include), _compile(exclude))
+        return super()._capture_artifact(artifact, inputs, out, keep=keep, include=include, exclude=exclude,
+                                         model_info=model_info)
+
+    # ---- running -----------------------------------------------------------------------------------
+    def _set_run_options(self, max_bytes: int | None, threads: int | None) -> None:
+        self.max_bytes = max_bytes if max_bytes is not None else self.max_bytes
+        self.threads = threads if threads is not None else self.threads
+
+    def _selected(self, plan: ValuePlan) -> bool:
+        inc, exc = self._select
+        keys = [*plan.names, plan.value]
+        if inc and not any(inc.search(k) for k in keys):
+            return False
+        return not (exc and any(exc.search(k) for k in keys))
+
+    def _run_once(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan]) -> Iterator[RuntimeTensor]:
+        values = list(dict.fromkeys(p.value for p in plans))
+        sess = make_session(with_outputs(model, values), self.threads)
+        outs = dict(zip(values, sess.run(values, feeds)))
+        del sess
+        self.last_run["session_runs"] = 1
+        yield from _emit(plans, outs, drop=True)
+
+    def _run_segmented(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
+                       sizes: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
+        segments = split_segments(model, plans, sizes, budget)
+        self.last_run["session_runs"] = len(segments)
+        live: dict[str, np.ndarray] = dict(feeds)
+        needed_later = _last_use(model, segments)
+        for k, (lo, hi) in enumerate(segments):
+            seg_plans = [p for p in plans if lo <= p.node_index < hi]
+            sub, seg_in, seg_out = segment_model(model, lo, hi, live, {p.value for p in seg_plans}, needed_later, k)
+            sess = make_session(sub, self.threads)
+            outs = dict(zip(seg_out, sess.run(seg_out, {v: live[v] for v in seg_in})))
+            del sess, sub
+            for v in list(live):
+                if needed_later.get(v, -1) <= k and v not in feeds:
+                    del live[v]
+            live.update((v, a) for v, a in outs.items() if needed_later.get(v, -1) > k)
+            yield from _emit(seg_plans, outs, drop=True)
+
+
+def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> Iterator[RuntimeTensor]:
+    last = {p.value: i for i, p in enumerate(plans)}
+    for i, p in enumerate(plans):
+        arr = outs.get(p.value)
+        if arr is None or getattr(arr, "dtype", None) is None or arr.dtype == object:
+            continue
+        for name in p.names:
+            module = p.module if "/" in name else name.split("@")[0].split(":")[0].replace("<root>", "")
+            yield RuntimeTensor(runtime_name=p.value, module=module, op=p.op, value=arr, name=name,
+                                inputs=p.inputs, tags=p.tags)
+        if drop and last[p.value] == i:
+            del outs[p.value]   # drop our reference as soon as the record is written
+        del arr
+
+
+# ---- export ----------------------------------------------------------------------------------------
+def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: str = "dynamo",
+                opset: int | None = None) -> Path:
+    """Export `model` to `path` with module scopes kept on every node.
+
+    With the dynamo exporter each node is stamped with its module path and call index
+    (`tensorprobe.scope`), taken from the ExportedProgram's `nn_module_stack`.
+
+    Example:
+        >>> export_onnx(model, (x,), Path("m.onnx"), exporter="dynamo")    # doctest: +SKIP
+    """
+    if exporter not in EXPORTERS:
+        raise InputError(f"unknown exporter {exporter!r}; choose one of {', '.join(EXPORTERS)}")
+    names = _input_names(model, len(inputs))
+    kw = {} if opset is None else {"opset_version": opset}
+    sink = io.StringIO()
+    model = model.eval()
+    try:
+        with contextlib.redirect_stdout(sink), warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                prog = torch.onnx.export(model, tuple(inputs), dynamo=True, input_names=names, verbose=False, **kw)
+                proto = prog.model_proto
+                _stamp_scopes(proto, prog.exported_program)
+                _save(proto, path)
+            else:
+                torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, input_names=names, **kw)
+    except (TargetError, InputError):
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        other = "legacy" if exporter == "dynamo" else "dynamo"
+        raise TargetError(f"torch.onnx.export ({exporter} exporter) failed: {first}. "
+                          f"Try exporter={other!r}, or export the model yourself and capture the .onnx file") from None
+    return path
+
+
+def _input_names(model: torch.nn.Module, n: int) -> list[str]:
+    params = [p for p in inspect.signature(model.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [p.name for p in params[:n]]
+    return names + [f"input_{i}" for i in range(len(names), n)]
+
+
+def _stamp_scopes(proto: Any, ep: Any) -> None:
+    """Write each node's module chain, with call indices, into `tensorprobe.scope` metadata."""
+    import json
+
+    chains: dict[str, list[tuple[str, int]]] = {}
+    for node in ep.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        chain = []
+        for key, val in stack.items():
+            path = val[0] if isinstance(val, tuple) else ""
+            if not path:
+                continue
+            call = int(key.rsplit("@", 1)[1]) if "@" in key and key.rsplit("@", 1)[1].isdigit() else 0
+            chain.append((path, call))
+        chains[node.name] = chain
+    fx_name = re.compile(r"^%(\S+) :")
+    for node in proto.graph.node:
+        md = {p.key: p for p in node.metadata_props}
+        m = fx_name.match(md["pkg.torch.onnx.fx_node"].value) if "pkg.torch.onnx.fx_node" in md else None
+        if m and m.group(1) in chains:
+            entry = node.metadata_props.add()
+            entry.key, entry.value = SCOPE_KEY, json.dumps(chains[m.group(1)])
+
+
+def _save(proto: Any, path: Path) -> None:
+    import onnx
+
+    if proto.ByteSize() > (1 << 31) - (64 << 20):
+        onnx.save(proto, str(path), save_as_external_data=True, location=path.name + ".data")
+    else:
+        onnx.save(proto, str(path))
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Named input arrays from an `.npz` (never unpickled) or `.safetensors` file.
+
+    Example:
+        >>> feeds = load_inputs("inputs.npz")       # doctest: +SKIP
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such inputs file")
+    try:
+        if p.suffix == ".safetensors":
+            import safetensors.numpy
+            return dict(safetensors.numpy.load_file(str(p)))
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:
+        raise InputError(f"{p}: can't read inputs ({type(e).__name__}: {e}); expected a .npz or .safetensors "
+                         "file of named arrays") from None
+
+
+def graph_feeds(model: Any, inputs: Any) -> dict[str, np.ndarray]:
+    """Match `inputs` (a tuple in graph-input order, or a dict by name) to the graph's inputs."""
+    import onnx
+
+    inits = {i.name for i in model.graph.initializer}
+    specs = [i for i in model.graph.input if i.name not in inits]
+    names = [s.name for s in specs]
+    if isinstance(inputs, dict):
+        missing = [n for n in names if n not in inputs]
+        extra = [k for k in inputs if k not in names]
+        if missing or extra:
+            raise InputError(f"inputs don't match the graph: missing {missing or 'none'}, unknown {extra or 'none'}; "
+                             f"the graph takes {', '.join(_describe(s) for s in specs)}")
+        values = [inputs[n] for n in names]
+    else:
+        values = list(inputs)
+        if len(values) != len(names):
+            raise InputError(f"the graph takes {len(names)} inputs ({', '.join(_describe(s) for s in specs)}), "
+                             f"got {len(values)}")
+    feeds = {}
+    for spec, v in zip(specs, values):
+        arr = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        want = onnx.helper.tensor_dtype_to_np_dtype(spec.type.tensor_type.elem_type) \
+            if spec.type.tensor_type.elem_type else arr.dtype
+        if arr.dtype != want:
+            if arr.dtype.kind != np.dtype(want).kind and not (arr.dtype.kind in "iu" and np.dtype(want).kind in "iu"):
+                raise InputError(f"input {spec.name!r}: got {arr.dtype}, the graph expects {np.dtype(want)}")
+            arr = arr.astype(want)
+        feeds[spec.name] = np.ascontiguousarray(arr)
+    return feeds
+
+
+def _describe(spec: Any) -> str:
+    import onnx
+
+    t = spec.type.tensor_type
+    dims = [d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField("dim_value")) else "?" for d in t.shape.dim]
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).name if t.elem_type else "?"
+    return f"{spec.name}[{','.join(dims)}] {dtype}"
+
+
+# ---- sessions, sizes, segments ------------------------------------------------------------------------
+def make_session(model: Any, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session for an in-memory model (written to a temp dir past 2 GB)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    if model.ByteSize() < (1 << 31) - (64 << 20):
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tensorprobe-ort-") as d:
+        path = Path(d) / "model.onnx"
+        _save(model, path)
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def with_outputs(model: Any, values: list[str]) -> Any:
+    """A copy of `model` whose graph outputs are exactly `values` (the "mark all" step)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    known = {v.name: v for v in list(model.graph.value_info) + list(model.graph.output)}
+    del out.graph.output[:]
+    for v in values:
+        out.graph.output.append(known[v] if v in known else onnx.helper.make_empty_tensor_value_info(v))
+    return out
+
+
+def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, int]:
+    """Bytes of each value, from ONNX shape inference with the concrete input shapes."""
+    import onnx
+
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.node.extend(model.graph.node)
+    for init in model.graph.initializer:  # big weights become typed inputs: shapes without data
+        if init.ByteSize() > 4096:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+        else:
+            g.initializer.append(init)
+    for name, arr in feeds.items():
+        g.input.append(onnx.helper.make_tensor_value_info(
+            name, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), list(arr.shape)))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception:
+        inferred = light
+    sizes: dict[str, int] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        t = vi.type.tensor_type
+        if t.elem_type and all(d.HasField("dim_value") for d in t.shape.dim):
+            item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
+            sizes[vi.name] = int(np.prod([d.dim_value for d in t.shape.dim], dtype=np.int64)) * item
+    for name, arr in feeds.items():
+        sizes[name] = arr.nbytes
+    for node in model.graph.node:  # unknown: as large as the largest input of the node
+        guess = max((sizes.get(v, 0) for v in node.input), default=0)
+        for o in node.output:
+            sizes.setdefault(o, guess)
+    return sizes
+
+
+def default_budget() -> int:
+    """A third of the memory available now (at least 256 MiB)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return max(_MIN_BUDGET, int(line.split()[1]) * 1024 // 3)
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def split_segments(model: Any, plans: list[ValuePlan], sizes: dict[str, int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive node ranges whose selected outputs each fit in half the budget."""
+    per_node: dict[int, int] = {}
+    for p in plans:
+        per_node[p.node_index] = per_node.get(p.node_index, 0) + sizes.get(p.value, 0)
+    n = len(model.graph.node)
+    segments, lo, acc = [], 0, 0
+    for i in range(n):
+        cost = per_node.get(i, 0)
+        if acc and acc + cost > budget // 2:
+            segments.append((lo, i))
+            lo, acc = i, 0
+        acc += cost
+    segments.append((lo, n))
+    return segments
+
+
+def _last_use(model: Any, segments: list[tuple[int, int]]) -> dict[str, int]:
+    """value -> index of the last segment that reads it (graph outputs: past the end)."""
+    seg_of = {}
+    for k, (lo, hi) in enumerate(segments):
+        for i in range(lo, hi):
+            seg_of[i] = k
+    last: dict[str, int] = {}
+    for i, node in enumerate(model.graph.node):
+        for v in node_inputs(node):
+            last[v] = max(last.get(v, -1), seg_of[i])
+    for o in model.graph.output:
+        last[o.name] = len(segments)
+    return last
+
+
+def segment_model(model: Any, lo: int, hi: int, live: dict[str, np.ndarray], wanted: set[str],
+                  needed_later: dict[str, int], k: int) -> tuple[Any, list[str], list[str]]:
+    """Nodes [lo, hi) as a model reading the live values it needs and returning `wanted` + what later needs."""
+    import onnx
+
+    nodes = model.graph.node[lo:hi]
+    inits = {i.name: i for i in model.graph.initializer}
+    produced = {o for nd in nodes for o in nd.output if o}
+    reads = list(dict.fromkeys(v for nd in nodes for v in node_inputs(nd) if v not in produced))
+    seg_in = [v for v in reads if v in live]
+    outs = [o for nd in nodes for o in nd.output if o and (o in wanted or needed_later.get(o, -1) > k)]
+    sub = onnx.ModelProto()
+    sub.ir_version = model.ir_version
+    sub.opset_import.extend(model.opset_import)
+    sub.functions.extend(model.functions)
+    g = sub.graph
+    g.name = f"segment_{k}"
+    g.node.extend(nodes)
+    g.initializer.extend(inits[v] for v in reads if v in inits and v not in live)
+    for v in seg_in:
+        arr = live[v]
+        g.input.append(onnx.helper.make_tensor_value_info(v, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                                          list(arr.shape)))
+    g.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outs)
+    return sub, seg_in, list(dict.fromkeys(outs))
+
+
+def _compile(pattern: str | None) -> re.Pattern | None:
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise InputError(f"invalid regex {pattern!r}: {e}") from None
