@@ -14,6 +14,7 @@ a float WAV written at 1e9 reads back as 1e9 and the `scale` check sees it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ def check_file(path: str | os.PathLike, thresholds: Thresholds | None = None) ->
     """
     f = load(path)
     report = check(f.data, f.sample_rate, thresholds, source=str(path), is_float=f.is_float)
-    return report.with_notes(f"{f.format} {f.subtype}")
+    return dataclasses.replace(report, dtype=f"{f.format} {f.subtype}")
 
 
 def save(path: str | os.PathLike, array: Any, sample_rate: int, *, normalize: bool | float = False,
