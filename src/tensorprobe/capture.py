@@ -165,15 +165,21 @@ class _Recorder:
 class _OpMode(TorchDispatchMode):
     """Sees every aten op. Records op outputs (level="op") or only random ops (level="module")."""
 
-    def __init__(self, recorder: _Recorder, modules: _ModuleStack, all_ops: bool):
+    def __init__(self, recorder: _Recorder, modules: _ModuleStack, all_ops: bool, replay: Any = None):
         super().__init__()
         self.recorder = recorder
         self.modules = modules
         self.all_ops = all_ops
+        self.replay = replay  # an rng.RngReplay: random ops return recorded tensors instead of fresh draws
         self.paused = False  # set while hooks compute statistics, so their ops are not recorded
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        replay = self.replay
+        if replay is not None and not self.paused and op_base_name(func) in RNG_OPS:
+            name = replay.name_for(func, *self.modules.current)
+            out = replay.take(func, args, kwargs or {}, name, user_source_line())
+        else:
+            out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
         base = op_base_name(func)
@@ -192,6 +198,8 @@ class _OpMode(TorchDispatchMode):
         inputs = rec.input_names(tree_flatten((args, kwargs))[0])
         source = user_source_line()
         tags = ("angle",) if base in ANGLE_OPS else ()
+        if is_rng and self.replay is not None:
+            tags += ("replayed",)
         multi = len(flat_out) > 1
         for i, t in enumerate(flat_out):
             name = record_name(module, call, str(func), k, output=i if multi else None)
@@ -220,7 +228,7 @@ class Capture:
                  include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
                  record_inputs: bool = False, channel_dim: int | None = 1,
                  on_record: Callable[[Record], None] | None = None, model_info: dict | None = None,
-                 shard_bytes: int | None = None):
+                 shard_bytes: int | None = None, replay_rng: Any = None):
         if level not in LEVELS:
             raise InputError(f"unknown capture level {level!r}; use one of {', '.join(LEVELS)}")
         if keep not in KEEPS:
@@ -239,6 +247,10 @@ class Capture:
                            "parameters": sum(p.numel() for p in model.parameters()), **(model_info or {})}
         self.out = Path(out) if out is not None else None
         self.shard_bytes = shard_bytes
+        self.replay = None
+        if replay_rng is not None:
+            from .rng import as_replay  # rng imports this module
+            self.replay = as_replay(replay_rng)
         self.bundle: Bundle | None = None
         self._writer: BundleWriter | None = None
         self._handles: list[Any] = []
@@ -274,7 +286,8 @@ class Capture:
         kw = {} if self.shard_bytes is None else {"shard_bytes": self.shard_bytes}
         self._writer = BundleWriter(
             out, model=self.model_info, capture={"level": self.level, "keep": self.keep,
-                                                 "include": _pattern(self.include), "exclude": _pattern(self.exclude)},
+                                                 "include": _pattern(self.include), "exclude": _pattern(self.exclude),
+                                                 "replay_rng": self.replay.tape.origin if self.replay else None},
             inputs=inputs, **kw)
         self._modules = _ModuleStack()
         self._recorder = _Recorder(self._writer, self.keep, self.include, self.exclude, self.channel_dim,
@@ -293,7 +306,7 @@ class Capture:
         for path, module in self.model.named_modules():
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._post_hook(path), always_call=True))
-        self._mode = _OpMode(self._recorder, self._modules, all_ops=self.level == "op")
+        self._mode = _OpMode(self._recorder, self._modules, all_ops=self.level == "op", replay=self.replay)
         self._mode.__enter__()
 
     def _uninstall(self) -> None:
@@ -351,7 +364,8 @@ class Capture:
 def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: str = "stats",
             include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
             record_inputs: bool = False, channel_dim: int | None = 1,
-            on_record: Callable[[Record], None] | None = None, **kwinputs: Any) -> Bundle | Capture:
+            on_record: Callable[[Record], None] | None = None, replay_rng: Any = None,
+            **kwinputs: Any) -> Bundle | Capture:
     """Capture every intermediate of `model` into a bundle.
 
     Args:
@@ -368,6 +382,9 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
             module in another runtime.
         channel_dim: dimension analysed for entirely non-finite channels.
         on_record: called with each new Record (progress display).
+        replay_rng: a bundle (or its path, a noise file, an `rng.RngReplay`) whose recorded random tensors
+            are fed back in call order instead of fresh draws (see `tensorprobe.rng`); replayed random
+            records are tagged "replayed".
 
     Returns:
         The `Bundle` (inputs given), or a `Capture` context manager. A forward that raises leaves a
@@ -379,7 +396,8 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
         38
     """
     cap = Capture(model, level=level, keep=keep, include=include, exclude=exclude, out=out,
-                  record_inputs=record_inputs, channel_dim=channel_dim, on_record=on_record)
+                  record_inputs=record_inputs, channel_dim=channel_dim, on_record=on_record,
+                  replay_rng=replay_rng)
     if not inputs and not kwinputs:
         return cap
     with cap:
