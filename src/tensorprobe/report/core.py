@@ -24,7 +24,7 @@ def fmt(v: float | None, digits: int = 4) -> str:
 
 
 def _stats_cells(s: TensorStats) -> list[str]:
-    finite = f"{s.finite_frac:.4%}" if s.finite_frac < 1 else "100%"
+    finite = f"{s.finite_frac:.2%}" if s.finite_frac < 1 else "100%"
     return [finite, str(s.nan), str(s.posinf + s.neginf), fmt(s.min), fmt(s.max), fmt(s.mean), fmt(s.std)]
 
 
@@ -43,14 +43,13 @@ def render_nan_origin(console: Console, origin: NanOrigin) -> None:
         console.print(f"  module type: {escape(origin.module_type)}")
     if origin.source:
         console.print(f"  source: {escape(origin.source)}")
-    table = Table(title="evidence", title_justify="left", show_edge=False)
-    for col in ["tensor", "shape", "dtype", *_STATS_HEAD, "channels"]:
-        table.add_column(col, overflow="fold")
+    table = Table(title="evidence", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ["tensor", "shape", "dtype", *_STATS_HEAD]:
+        table.add_column(col, no_wrap=True)
     rows: list[TensorSummary] = list(origin.inputs) + ([origin.output] if origin.output else [])
     for i, t in enumerate(rows):
-        label = "→ output" if i == len(rows) - 1 else t.name
-        table.add_row(escape(label), str(list(t.shape)), t.dtype, *_stats_cells(t.stats),
-                      escape(t.stats.channel_pattern() or ""))
+        label = "output" if i == len(rows) - 1 else t.name
+        table.add_row(escape(label), "×".join(map(str, t.shape)) or "scalar", t.dtype, *_stats_cells(t.stats))
     console.print(table)
     console.print("[bold]diagnosis[/]")
     for d in origin.diagnosis:

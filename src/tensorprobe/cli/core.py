@@ -1,0 +1,169 @@
+"""Core commands: capture, nan, show, demo."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..bundle import Bundle
+from ..capture import capture as capture_model
+from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
+from ..nan import NanOrigin, find_first_nonfinite, find_nonfinite_in_bundle
+from ..report.core import render_bundle, render_nan_origin, select_records
+from ..targets import load_target
+from ._common import JsonOption, app, console, emit_json, progress
+
+_BUNDLE_SUFFIXES = (".npz", ".safetensors")
+_ARTIFACT_RUNTIMES = {".onnx": "onnxruntime", ".pte": "executorch"}
+
+
+def _is_bundle_path(spec: str) -> bool:
+    p = Path(spec)
+    return (p.is_dir() and ((p / "manifest.json").exists() or (p / "records.jsonl").exists())) or (
+        p.suffix in _BUNDLE_SUFFIXES and ":" not in spec)
+
+
+def _run_forward(what: str, fn, *args, **kwargs):
+    """Run a user's forward; its own exceptions become one clear line (exit 2)."""
+    try:
+        return fn(*args, **kwargs)
+    except TensorprobeError:
+        raise
+    except Exception as e:
+        raise InputError(f"{what}: the model's forward raised {type(e).__name__}: {e}") from None
+
+
+@app.command()
+def capture(
+    target: str = typer.Argument(..., help="path/to/file.py:factory, package.module:factory, or an artifact (model.onnx)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Bundle directory to write."),
+    level: str = typer.Option("module", help="module (one record per module call) or op (every aten op)."),
+    keep: str = typer.Option("stats", help="stats (statistics only) or full (also the tensors)."),
+    include: Optional[str] = typer.Option(None, help="Regex: keep only records whose name matches."),
+    exclude: Optional[str] = typer.Option(None, help="Regex: drop records whose name matches."),
+    runtime: Optional[str] = typer.Option(None, help="Capture in another runtime (e.g. onnxruntime) instead of PyTorch."),
+    inputs: Optional[Path] = typer.Option(None, help=".npz of named inputs, for an artifact TARGET (model.onnx)."),
+    record_inputs: bool = typer.Option(False, "--record-inputs", help="Also record each module call's inputs."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Capture every intermediate tensor of TARGET into a bundle directory."""
+    t0 = time.perf_counter()
+    suffix = Path(target).suffix
+    if suffix in _ARTIFACT_RUNTIMES and ":" not in target:
+        bundle = _capture_artifact(target, out, runtime or _ARTIFACT_RUNTIMES[suffix], inputs, keep, include, exclude)
+    else:
+        tgt = load_target(target)
+        if runtime and runtime not in ("pytorch", "torch"):
+            from ..runtimes import get_runtime
+
+            bundle = _run_forward(target, get_runtime(runtime).capture, tgt.model, tgt.args, out, keep=keep,
+                                  include=include, exclude=exclude)
+        else:
+            with progress(f"capturing {target}", enabled=not json_out) as advance:
+                bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
+                                      include=include, exclude=exclude, out=out, record_inputs=record_inputs,
+                                      on_record=lambda r: advance(), **tgt.kwargs)
+    _report_capture(bundle, time.perf_counter() - t0, json_out)
+
+
+def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Path], keep: str,
+                      include: Optional[str], exclude: Optional[str]) -> Bundle:
+    from ..runtimes import get_runtime
+
+    if inputs is None:
+        raise InputError(f"{target}: an artifact needs --inputs inputs.npz (arrays named as the graph's inputs)")
+    feeds = Bundle.open(inputs)
+    named = {r.name: feeds.numpy(r.name) for r in feeds}
+    return get_runtime(runtime).capture_artifact(target, named, out, keep=keep, include=include, exclude=exclude)
+
+
+def _report_capture(bundle: Bundle, seconds: float, json_out: bool) -> None:
+    nonfinite = [r for r in bundle if not r.stats.all_finite]
+    stored = sum(1 for r in bundle if r.has_tensor)
+    if json_out:
+        emit_json("capture", "ok", {"bundle": str(bundle.path), "records": len(bundle), "stored_tensors": stored,
+                                    "nonfinite_records": len(nonfinite), "seconds": round(seconds, 3),
+                                    "complete": bundle.complete})
+        return
+    console.print(f"wrote [bold]{escape(str(bundle.path))}[/]: {len(bundle)} records ({stored} with tensors) "
+                  f"in {seconds:.2f}s")
+    if nonfinite:
+        console.print(f"[red]{len(nonfinite)} records hold NaN/Inf; first: {escape(nonfinite[0].name)}[/] "
+                      f"(run `tensorprobe nan {escape(str(bundle.path))}` for the origin)")
+
+
+@app.command()
+def nan(
+    target: str = typer.Argument(..., help="TARGET (file.py:factory, package.module:factory) or a bundle (dir, .npz, .safetensors)."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Find the op where NaN or Inf is born (exit 1 if found)."""
+    if _is_bundle_path(target):
+        origin = find_nonfinite_in_bundle(Bundle.open(target))
+    else:
+        tgt = load_target(target)
+        with progress(f"checking every op of {target}", enabled=not json_out):
+            origin = _run_forward(target, find_first_nonfinite, tgt.model, *tgt.args, **tgt.kwargs)
+    _report_nan(origin, json_out)
+
+
+def _report_nan(origin: NanOrigin, json_out: bool) -> None:
+    if json_out:
+        emit_json("nan", "finding" if origin.found else "ok", {"origin": origin.to_dict()})
+    else:
+        render_nan_origin(console, origin)
+    raise typer.Exit(EXIT_FINDING if origin.found else EXIT_OK)
+
+
+@app.command()
+def show(
+    bundle_path: Path = typer.Argument(..., metavar="BUNDLE", help="Bundle directory, .npz or .safetensors."),
+    name: Optional[str] = typer.Option(None, "--filter", "-f", help="Regex on record names."),
+    nonfinite: bool = typer.Option(False, "--nonfinite", help="Only records holding NaN/Inf."),
+    limit: int = typer.Option(60, help="Rows to print (0 = all)."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Print a bundle's records and statistics as a table."""
+    b = Bundle.open(bundle_path)
+    try:
+        chosen = list(select_records(b, name, nonfinite))
+    except Exception as e:  # re.error from a bad --filter
+        raise InputError(f"invalid --filter regex {name!r}: {e}") from None
+    if json_out:
+        emit_json("show", "ok", {"bundle": str(b.path), "manifest": {k: v for k, v in b.manifest.items() if k != "records"},
+                                 "records": [r.to_dict() for r in chosen]})
+        return
+    render_bundle(console, b, chosen[:limit] if limit else chosen, len(chosen))
+
+
+@app.command()
+def demo(
+    seconds: float = typer.Option(3.0, help="Length of the decoder input, in seconds of 24 kHz audio."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Find where NaN is born in a faulty Kokoro-82M decoder (random weights, nothing downloaded)."""
+    from ..examples import kokoro
+
+    if not json_out:
+        console.rule("[bold]tensorprobe demo[/]: Kokoro-82M decoder (kokoro.istftnet, seeded random weights)")
+        console.print(escape("The faulty variant lowers InstanceNorm1d the way a broken backend does (seed 000: "
+                             "TVM and ExecuTorch): variance = E[x²] − E[x]², accumulated in float16.\n"))
+    ref_model, inputs = kokoro.decoder(seconds)
+    ref = find_first_nonfinite(ref_model, *inputs)
+    model, inputs = kokoro.faulty_decoder(seconds)
+    t0 = time.perf_counter()
+    origin = find_first_nonfinite(model, *inputs)
+    dt = time.perf_counter() - t0
+    if json_out:
+        emit_json("demo", "finding" if origin.found else "ok", {"reference": ref.to_dict(), "origin": origin.to_dict(),
+                                                                  "seconds": round(dt, 3)})
+        return
+    console.print(f"reference decoder: [green]{escape(ref.headline())}[/]")
+    console.print(f"faulty decoder ({dt:.2f}s):")
+    render_nan_origin(console, origin)
+    console.print("\nNext: [bold]tensorprobe capture tensorprobe.examples.kokoro:faulty_decoder -o faulty --level op[/] "
+                  "then [bold]tensorprobe show faulty --nonfinite[/].")

@@ -1,0 +1,107 @@
+"""The core commands as a user runs them: exit codes 0/1/2, one clear line on bad input, --json."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+
+def run(*args, cwd=None):
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", *args], capture_output=True, text=True, cwd=cwd,
+                       env={"COLUMNS": "160", "PATH": "/usr/bin:/bin", "HOME": "/tmp",
+                            "PYTHONWARNINGS": "ignore"})
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture()
+def target_file(tmp_path):
+    f = tmp_path / "my_port.py"
+    f.write_text(textwrap.dedent("""
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(4, 4)
+            def forward(self, x):
+                return torch.log(self.lin(x))
+
+        def clean():
+            torch.manual_seed(0)
+            return torch.nn.Linear(4, 4), (torch.randn(2, 4),)
+
+        def broken():
+            torch.manual_seed(0)
+            return Net(), (torch.randn(8, 4),)
+
+        def raises():
+            raise ValueError("weights file not found")
+    """))
+    return f
+
+
+def test_nan_exit_codes(target_file):
+    code, out, err = run("nan", f"{target_file}:clean")
+    assert code == 0 and "No NaN or Inf" in out
+    code, out, err = run("nan", f"{target_file}:broken", "--json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["command"] == "nan" and doc["status"] == "finding"
+    assert doc["origin"]["op"] == "aten.log.default" and doc["origin"]["module"] == ""
+    assert any("log of" in d and "negative" in d for d in doc["origin"]["diagnosis"])
+
+
+@pytest.mark.parametrize("target,message", [
+    ("nope.py:build", "no such file"),
+    ("tensorprobe.nonexistent:build", "can't import module"),
+    ("missing_colon", "must look like"),
+])
+def test_bad_targets_exit_2_without_traceback(target, message):
+    code, out, err = run("nan", target)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2
+
+
+def test_factory_that_raises(target_file):
+    code, out, err = run("capture", f"{target_file}:raises", "-o", str(target_file.parent / "o"))
+    assert code == 2 and "the factory raised ValueError: weights file not found" in err
+    assert "Traceback" not in err
+
+
+def test_capture_show_and_bundle_nan(target_file, tmp_path):
+    code, out, err = run("capture", f"{target_file}:broken", "-o", str(tmp_path / "b"), "--level", "op", "--keep", "full")
+    assert code == 0, err
+    assert "records hold NaN/Inf" in out
+    code, out, err = run("show", str(tmp_path / "b"), "--nonfinite", "--json")
+    doc = json.loads(out)
+    assert code == 0 and [r["name"] for r in doc["records"]] == ["<root>/log.0"]
+    code, out, err = run("nan", str(tmp_path / "b"))
+    assert code == 1 and "<root>/log.0" in out
+
+
+def test_corrupt_bundle_exit_2(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "manifest.json").write_text("{oops")
+    code, out, err = run("show", str(tmp_path / "b"))
+    assert code == 2 and "corrupt manifest" in err and "Traceback" not in err
+    np.savez(tmp_path / "ok.npz", x=np.zeros(3, np.float32))
+    (tmp_path / "trunc.npz").write_bytes((tmp_path / "ok.npz").read_bytes()[:40])
+    code, out, err = run("nan", str(tmp_path / "trunc.npz"))
+    assert code == 2 and "trunc.npz" in err
+
+
+def test_usage_error_exit_2():
+    code, out, err = run("capture")
+    assert code == 2
+
+
+@pytest.mark.slow
+def test_demo_finds_origin(kokoro):
+    code, out, err = run("demo", "--seconds", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["origin"]["module"] == "generator.noise_res.0.adain1.0.norm"
+    assert doc["reference"]["found"] is False

@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+import tensorprobe as tp
+from tensorprobe import InputError
+
+
+class Looped(torch.nn.Module):
+    """A step module called several times, like an ODE solver's estimator."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = torch.nn.Linear(4, 4)
+        self.out = torch.nn.Tanh()
+
+    def forward(self, x):
+        for _ in range(3):
+            x = x + 0.1 * self.step(x)
+        return self.out(x)
+
+
+def test_module_level_names_and_call_index():
+    b = tp.capture(Looped(), torch.randn(2, 4))
+    names = [r.name for r in b]
+    assert names == ["input.0", "step", "step@1", "step@2", "out", "<root>"]
+    assert [b[n].call for n in ("step", "step@1", "step@2")] == [0, 1, 2]
+    assert b["step@2"].module == "step" and b["out"].op == "module:Tanh"
+
+
+def test_op_level_records_ops_with_module_and_source():
+    b = tp.capture(Looped(), torch.randn(2, 4), level="op")
+    add = b["step@1/addmm.0"]
+    assert add.op == "aten.addmm.default" and add.module == "step" and add.call == 1
+    tanh = b["out/tanh.0"]
+    assert tanh.source and "test_capture.py" in tanh.source
+    # the op graph links ops: tanh consumed the last add of the root module
+    assert tanh.inputs == ("<root>/add.2",)
+
+
+def test_include_exclude():
+    b = tp.capture(Looped(), torch.randn(2, 4), include=r"^step")
+    assert [r.name for r in b] == ["input.0", "step", "step@1", "step@2"]
+    b = tp.capture(Looped(), torch.randn(2, 4), exclude=r"step")
+    assert "step" not in b and "out" in b
+
+
+def test_keep_full_stores_values_not_later_mutations(tmp_path):
+    class InPlace(torch.nn.Module):
+        def forward(self, x):
+            y = x * 2
+            y.add_(100)  # mutates y after it was recorded
+            return y
+
+    b = tp.capture(InPlace(), torch.ones(3), level="op", keep="full", out=tmp_path / "b")
+    assert torch.equal(b.tensor("<root>/mul.0"), torch.full((3,), 2.0))
+    assert torch.equal(b.tensor("<root>/add_.0"), torch.full((3,), 102.0))
+
+
+def test_random_ops_recorded_at_module_level():
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x + torch.randn_like(x))
+
+    b = tp.capture(Noisy(), torch.zeros(2, 3))
+    rng = [r for r in b if r.kind == "rng"]
+    assert [r.name for r in rng] == ["<root>/randn_like.0"] and rng[0].has_tensor
+
+
+def test_context_manager_around_user_code():
+    model = Looped()
+    with tp.capture(model, level="module") as cap:
+        model(torch.randn(1, 4))
+        model(torch.randn(1, 4))
+    names = [r.name for r in cap.bundle]
+    assert "step@5" in names and "out@1" in names
+
+
+def test_zero_element_int_and_angle_records():
+    class Odd(torch.nn.Module):
+        def forward(self, x):
+            empty = x[:, :0] * 2
+            idx = torch.argmax(x, dim=1)
+            return torch.atan2(x, x + 1), empty, idx
+
+    b = tp.capture(Odd(), torch.randn(2, 3), level="op")
+    assert b["<root>/mul.0"].stats.numel == 0
+    assert b["<root>/argmax.0"].stats.kind == "int"
+    assert "angle" in b["<root>/atan2.0"].tags
+
+
+def test_bad_options():
+    with pytest.raises(InputError, match="unknown capture level"):
+        tp.capture(Looped(), torch.randn(1, 4), level="layer")
+    with pytest.raises(InputError, match="invalid --include regex"):
+        tp.capture(Looped(), torch.randn(1, 4), include="(")
+    with pytest.raises(InputError, match="torch.nn.Module"):
+        tp.capture(lambda x: x, torch.randn(1, 4))

@@ -1,0 +1,90 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+
+from tensorprobe.stats import TensorStats, compute_stats
+
+
+def test_finite_float_matches_numpy():
+    x = torch.randn(3, 5, 7, dtype=torch.float64)
+    s = compute_stats(x)
+    a = x.numpy()
+    assert s.all_finite and s.finite_frac == 1.0
+    assert s.min == pytest.approx(a.min()) and s.max == pytest.approx(a.max())
+    assert s.mean == pytest.approx(a.mean()) and s.std == pytest.approx(a.std())
+    assert s.absmax == pytest.approx(np.abs(a).max())
+    assert s.channels == 5 and s.nonfinite_channels == 0
+
+
+def test_exactly_ten_of_256_channels_nonfinite():
+    x = torch.randn(1, 256, 50)
+    dead = [3, 17, 40, 41, 99, 128, 200, 201, 250, 255]
+    x[0, dead] = float("nan")
+    x[0, 7, 10] = float("inf")  # one partly broken channel
+    s = compute_stats(x)
+    assert s.nonfinite_channels == 10
+    assert s.partial_nonfinite_channels == 1
+    assert list(s.nonfinite_channel_idx) == dead
+    assert s.nan == 10 * 50 and s.posinf == 1 and s.neginf == 0
+    assert s.finite_frac == pytest.approx(246 / 256 - 1 / (256 * 50))
+    assert "10 of 256 channels entirely non-finite" in s.channel_pattern()
+    # figures cover the finite elements only
+    finite = x[torch.isfinite(x)]
+    assert s.max == pytest.approx(float(finite.max()))
+
+
+def test_neg_inf_counted():
+    s = compute_stats(torch.tensor([1.0, -math.inf, -math.inf, math.nan]))
+    assert (s.nan, s.posinf, s.neginf) == (1, 0, 2)
+    assert s.min == 1.0 and s.max == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reduced_precision(dtype):
+    x = torch.full((2, 4, 8), 3.0, dtype=dtype)
+    x[0, 2, 0] = float("nan")
+    s = compute_stats(x)
+    assert s.nan == 1 and s.partial_nonfinite_channels == 1 and s.nonfinite_channels == 0
+    assert s.max == 3.0
+
+
+def test_int_bool_complex_empty():
+    si = compute_stats(torch.tensor([[1, 5], [-3, 2]]))
+    assert si.kind == "int" and (si.min, si.max, si.absmax) == (-3, 5, 5) and si.mean == pytest.approx(1.25)
+    sb = compute_stats(torch.tensor([True, False, True, True]))
+    assert sb.kind == "bool" and sb.mean == 0.75
+    c = torch.tensor([3 + 4j, complex(float("nan"), 0)], dtype=torch.complex64)
+    sc = compute_stats(c)
+    assert sc.kind == "complex" and sc.nan == 1 and sc.max == pytest.approx(5.0)
+    se = compute_stats(torch.empty(0, 3))
+    assert se.numel == 0 and se.all_finite and se.min is None
+
+
+def test_overflowing_squares_still_give_finite_std():
+    s = compute_stats(torch.tensor([3e38, -3e38], dtype=torch.float32))
+    assert s.all_finite and math.isfinite(s.std) and s.std == pytest.approx(3e38, rel=1e-6)
+
+
+def test_roundtrip_dict_with_nonfinite_figures():
+    s = compute_stats(torch.tensor([float("nan")] * 4).reshape(1, 4, 1))
+    d = s.to_dict()
+    assert TensorStats.from_dict(d) == s
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 6), st.integers(1, 5)),
+              elements=st.one_of(st.floats(-1e6, 1e6, width=32), st.just(np.nan), st.just(np.inf), st.just(-np.inf))))
+def test_counts_match_numpy(a):
+    s = compute_stats(a)
+    assert s.nan == int(np.isnan(a).sum())
+    assert s.posinf == int(np.isposinf(a).sum()) and s.neginf == int(np.isneginf(a).sum())
+    dead = (~np.isfinite(a)).reshape(a.shape[0], a.shape[1], -1).transpose(1, 0, 2).reshape(a.shape[1], -1).all(1)
+    if a.shape[1] > 1:
+        assert s.nonfinite_channels == int(dead.sum())
+    fin = a[np.isfinite(a)]
+    if fin.size:
+        assert s.min == pytest.approx(float(fin.min())) and s.max == pytest.approx(float(fin.max()))
