@@ -15,6 +15,9 @@ from .base import RuntimeAdapter, RuntimeTensor
 _REGISTRY: dict[str, str] = {
     "onnxruntime": "onnxruntime:OnnxRuntimeAdapter",
     "onnx": "onnxruntime:OnnxRuntimeAdapter",
+    "tvm": "tvm:TvmAdapter",
+    "executorch": "executorch:ExecuTorchAdapter",
+    "executorch-xnnpack": "executorch:ExecuTorchXnnpackAdapter",
 }
 
 

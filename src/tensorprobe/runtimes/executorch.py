@@ -1,0 +1,273 @@
+"""ExecuTorch runtime adapter: `torch.export` -> edge (portable kernels or XNNPACK) -> `.pte` -> ExecuTorch runtime.
+
+Two sources of intermediates, both named with the record grammar:
+- ETDump debug buffer (ExecuTorch's own devtools): the runtime writes the output of every instruction it
+  executes outside a delegate; ETRecord (written at lowering time) maps each instruction's debug handle back
+  to the nn.Module stack. Each becomes `<module path>/<op>.<k>` (e.g. `norm/_native_batch_norm_legit.0:2`),
+  with the ETDump event name and debug handle as `runtime_name`. A delegate (XNNPACK) shows only its outputs.
+- module taps (`taps=True`, default): every submodule call's output is an extra program output
+  (`exported.TappedModule`), named exactly like PyTorch's module-level capture. This also reaches inside
+  delegated regions, since a tapped value must leave the delegate.
+
+Both are merged in execution order (a module output follows the instruction that produced it).
+
+    >>> from tensorprobe.runtimes import get_runtime                                    # doctest: +SKIP
+    >>> b = get_runtime("executorch").capture(model, inputs, out="et_bundle")           # doctest: +SKIP
+    >>> b2 = get_runtime("executorch-xnnpack").capture(model, inputs, out="et_xnn")     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+from contextlib import redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..bundle import atomic_write_bytes
+from ..errors import InputError
+from ..record import short_op
+from .base import RuntimeAdapter, RuntimeTensor
+from .exported import TapInfo, export_tapped
+
+# Edge ops that only move data: never the "main" op of an instruction.
+_MOVE_OPS = ("view_copy", "permute_copy", "expand_copy", "squeeze_copy", "unsqueeze_copy", "clone", "getitem",
+             "alias_copy", "_to_copy", "slice_copy", "select_copy")
+_MIN_DEBUG_BUFFER = 16 << 20
+
+
+@dataclass
+class PteArtifact:
+    pte: Path
+    etrecord: Path | None
+    taps: TapInfo
+    debug_buffer_size: int
+
+
+class ExecuTorchAdapter(RuntimeAdapter):
+    """Capture a model lowered to ExecuTorch (portable kernels; `backend="xnnpack"` to delegate)."""
+
+    name = "executorch"
+    package = "executorch"
+    extra = "executorch"
+    artifact_suffixes = (".pte",)
+    backend = "portable"
+
+    def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, taps: bool = True,
+                 backend: str | None = None, save: str | None = None) -> PteArtifact:
+        backend = backend or self.backend
+        ep, info = export_tapped(model.eval(), inputs, taps=taps)
+        pte = Path(save) if save else workdir / "model.pte"
+        etrecord = pte.with_suffix(".etrecord")
+        lower_to_pte(ep, pte, backend=backend, etrecord=etrecord)
+        atomic_write_bytes(pte.with_suffix(".taps.json"), json.dumps(info.to_dict()).encode())
+        return PteArtifact(pte, etrecord, info, _buffer_size(ep))
+
+    def _load(self, path: Path, *, debug_buffer_mb: int = 512, **options: Any) -> PteArtifact:
+        """Open `model.pte`, with `model.etrecord` and `model.taps.json` beside it when they exist."""
+        if not path.exists():
+            raise InputError(f"{path}: no such .pte file")
+        etrecord = path.with_suffix(".etrecord")
+        meta = path.with_suffix(".taps.json")
+        info = TapInfo.from_dict(json.loads(meta.read_text())) if meta.exists() else TapInfo.untapped(1 << 30)
+        return PteArtifact(path, etrecord if etrecord.exists() else None, info, debug_buffer_mb << 20)
+
+    def _run(self, artifact: PteArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
+        values = [_torch(v) for v in (inputs.values() if isinstance(inputs, dict) else inputs)]
+        outputs, events = run_pte(artifact, values)
+        outs = [_program_output(artifact.taps, i, t) for i, t in enumerate(outputs)]
+        outs = [o for o in outs if o is not None]
+        yield from _merge(events, outs)
+
+    def runtime_info(self) -> dict[str, Any]:
+        from executorch import version
+
+        return {"name": self.name, "version": version.__version__, "backend": self.backend}
+
+    def run_module(self, module: torch.nn.Module, inputs: tuple, **options: Any) -> list[np.ndarray]:
+        """Lower `module` alone, run it, return its outputs (for `components.isolate_components`)."""
+        self.require()
+        ep, _ = export_tapped(module.eval(), inputs, taps=False)
+        with tempfile.TemporaryDirectory(prefix="tensorprobe-et-") as d:
+            pte = Path(d) / "m.pte"
+            lower_to_pte(ep, pte, backend=options.get("backend", self.backend), etrecord=None)
+            from executorch.runtime import Runtime
+
+            method = Runtime.get().load_program(str(pte)).load_method("forward")
+            return [_torch(t).numpy() for t in method.execute([_torch(x) for x in inputs])]
+
+
+class ExecuTorchXnnpackAdapter(ExecuTorchAdapter):
+    """ExecuTorch with the XNNPACK partitioner (what a mobile CPU port uses)."""
+
+    name = "executorch-xnnpack"
+    backend = "xnnpack"
+
+
+def lower_to_pte(ep: Any, pte: Path, *, backend: str = "portable", etrecord: Path | None = None) -> None:
+    """Lower an ExportedProgram to a `.pte` (and its ETRecord); InputError naming the stage that failed."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    partitioners = []
+    if backend == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        partitioners = [XnnpackPartitioner()]
+    elif backend != "portable":
+        raise InputError(f"unknown ExecuTorch backend {backend!r}; use 'portable' or 'xnnpack'")
+    try:
+        edge = to_edge_transform_and_lower(ep, partitioner=partitioners, generate_etrecord=etrecord is not None)
+        program = edge.to_executorch()
+    except Exception as e:  # exir raises many error types; the first line names the op
+        raise InputError(f"ExecuTorch could not lower the graph ({backend}): {type(e).__name__}: "
+                         f"{_first_line(e)}") from None
+    pte.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(pte, program.buffer)
+    if etrecord is not None:
+        program.get_etrecord().save(str(etrecord))
+
+
+def run_pte(artifact: PteArtifact, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[Any]]:
+    """Execute with ETDump + debug buffer; return (program outputs, Inspector events in execution order)."""
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(str(artifact.pte), enable_etdump=True,
+                                         debug_buffer_size=artifact.debug_buffer_size)
+    try:
+        outputs = list(program.load_method("forward").execute(inputs))
+    except Exception as e:
+        raise InputError(f"ExecuTorch failed to run {artifact.pte.name}: {type(e).__name__}: {_first_line(e)}") from None
+    with tempfile.TemporaryDirectory(prefix="tensorprobe-etdump-") as d:
+        etdump, debug = Path(d) / "run.etdp", Path(d) / "debug.bin"
+        program.write_etdump_result_to_file(str(etdump), str(debug))
+        return [_torch(o) for o in outputs], _events(etdump, debug, artifact.etrecord)
+
+
+def _events(etdump: Path, debug: Path, etrecord: Path | None) -> list[Any]:
+    from executorch.devtools import Inspector
+
+    with redirect_stdout(io.StringIO()):
+        inspector = Inspector(etdump_path=str(etdump), debug_buffer_path=str(debug),
+                              etrecord=str(etrecord) if etrecord else None)
+    seen: set[tuple] = set()
+    out = []
+    for block in inspector.event_blocks:
+        if block.name != "Execute":
+            continue
+        for ev in block.events:
+            handles = ev.debug_handles if isinstance(ev.debug_handles, (list, tuple)) else [ev.debug_handles]
+            key = (tuple(h for h in handles if h is not None), bool(ev.delegate_backend_name))
+            if not ev.debug_data or key in seen:
+                continue  # profiling-only events; OPERATOR_CALL repeats its native_call's data
+            seen.add(key)
+            out.append(ev)
+    return out
+
+
+def _event_records(ev: Any, counts: dict[tuple[str, str], int]) -> list[RuntimeTensor]:
+    if ev.delegate_backend_name:  # a delegate call: its outputs, attributed to the modules it covers
+        op = f"delegate.{ev.delegate_backend_name}"
+        module = _common_path(ev.module_hierarchy or {})
+    else:
+        op = _main_op(list(ev.op_types or []))
+        module = _module_path(ev.module_hierarchy or {}, op)
+    k = counts.get((module, op), 0)
+    counts[(module, op)] = k + 1
+    base = f"{module or '<root>'}/{_op_base(op)}.{k}"
+    data = [d for d in ev.debug_data if isinstance(d, torch.Tensor)]
+    handles = ev.debug_handles if isinstance(ev.debug_handles, (list, tuple)) else [ev.debug_handles]
+    runtime_name = f"{ev.name}#{','.join(str(h) for h in handles)}"
+    return [RuntimeTensor(runtime_name=runtime_name + (f"[{i}]" if len(data) > 1 else ""), module=module,
+                          op=op or ev.name, value=d, name=base + (f":{i}" if len(data) > 1 else ""))
+            for i, d in enumerate(data)]
+
+
+def _merge(events: list[Any], outs: list[RuntimeTensor]) -> Iterator[RuntimeTensor]:
+    """Op records in execution order; each module output right after the first instruction that produced
+    an identical tensor (a delegate's output, or a portable kernel's)."""
+    pending = list(outs)
+    counts: dict[tuple[str, str], int] = {}
+    for ev in events:
+        records = _event_records(ev, counts)
+        yield from records
+        for rec in records:
+            for o in [o for o in pending if _same(o.value, rec.value)]:
+                pending.remove(o)
+                yield o
+    yield from pending
+
+
+def _same(a: Any, b: Any) -> bool:
+    a, b = _torch(a), _torch(b)
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) \
+        and torch.equal(a.isnan(), b.isnan())
+
+
+def _main_op(op_types: list[str]) -> str:
+    for op in op_types:
+        if not any(m in op for m in _MOVE_OPS):
+            return op
+    return op_types[0] if op_types else ""
+
+
+def _op_base(op: str) -> str:
+    parts = op.split(".")
+    if parts[0] == "delegate":
+        return "delegate"
+    return parts[1] if len(parts) > 2 and parts[0] == "aten" else short_op(op) or "op"
+
+
+def _module_path(hierarchy: dict[str, dict], op: str) -> str:
+    """Deepest module path of the instruction's main op (ETRecord's nn_module_stack), minus the wrapper."""
+    key = op.replace(".", "_") + "_"
+    stacks = [v for k, v in hierarchy.items() if k.startswith(key)] or list(hierarchy.values())
+    paths = [p for stack in stacks for p, _cls in stack.values()]
+    best = max(paths, key=lambda p: p.count(".") + bool(p), default="")
+    return best.removeprefix("model.") if best != "model" else ""
+
+
+def _common_path(hierarchy: dict[str, dict]) -> str:
+    """Longest module path shared by every op of a delegate call."""
+    deepest = [max((p for p, _ in stack.values()), key=lambda p: p.count(".") + bool(p), default="").split(".")
+               for stack in hierarchy.values()]
+    common: list[str] = []
+    for parts in zip(*deepest) if deepest else ():
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    path = ".".join(common)
+    return path.removeprefix("model.") if path != "model" else ""
+
+
+def _program_output(taps: TapInfo, i: int, t: torch.Tensor) -> RuntimeTensor | None:
+    named = taps.output_name(i)
+    if named is None:
+        return None
+    name, module, consumed = named
+    return RuntimeTensor(runtime_name=f"forward:output[{i}]", module=module, op="executorch.output", value=t,
+                         name=name, inputs=consumed)
+
+
+def _buffer_size(ep: Any) -> int:
+    """Bytes of every intermediate of the graph (the debug buffer must hold them all), with margin."""
+    total = 0
+    for node in ep.graph.nodes:
+        vals = node.meta.get("val")
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size() + 64
+    return max(_MIN_DEBUG_BUFFER, int(total * 1.5))
+
+
+def _torch(x: Any) -> torch.Tensor:
+    return x.detach().cpu() if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:500] if lines else ""

@@ -1,0 +1,286 @@
+"""Shared `torch.export` plumbing for the runtimes that import an ExportedProgram (ExecuTorch, TVM).
+
+Module taps. A runtime that compiles the whole graph shows only its final output. `TappedModule` wraps a
+model so that the output of every submodule call becomes an extra graph output ("mark all", module level):
+forward hooks run while `torch.export` traces, so each tapped tensor is a node of the exported graph and the
+runtime has to materialise it. Tap names follow the record grammar and the PyTorch module-level capture
+(post-order, `path@call` for repeated calls, `path:i` for tuple outputs), so `diff` and `nan` line the two
+up with no mapping rules:
+
+    >>> tapped = TappedModule(model)                                     # doctest: +SKIP
+    >>> ep = torch.export.export(tapped, inputs)                         # doctest: +SKIP
+    >>> tapped.tap_names[:2]                                             # doctest: +SKIP
+    ['encode.conv1', 'encode.norm1.norm']
+
+Extra outputs can change what a compiler fuses (a tapped value must be written to memory), never what it
+computes: the kernels that produce each value are the same.
+
+Graph rewrites. `rewrite_for_import` applies exact rewrites of an ExportedProgram for importers that lack
+an op or an op variant (see `REWRITES`); `check_equivalent` proves them on the actual inputs by running the
+rewritten graph in PyTorch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..errors import InputError
+from ..record import ROOT, record_name
+
+
+class TappedModule(torch.nn.Module):
+    """`model` whose forward returns `(*model outputs, *one output per module call)`.
+
+    Args:
+        model: the wrapped module.
+        include: a predicate on module paths ("" is the root) deciding which modules are tapped.
+
+    After one traced call, `tap_names` holds the record name of each extra output, `tap_inputs` the
+    names of the taps each module consumed, and `n_outputs` the number of model outputs.
+    """
+
+    def __init__(self, model: torch.nn.Module, include: Callable[[str], bool] | None = None):
+        super().__init__()
+        self.model = model
+        self._include = include or (lambda path: True)
+        # Filled by an eager forward: torch.export undoes state changes made while it traces.
+        self._seen: dict[str, Any] = {"names": [], "modules": [], "inputs": [], "n_outputs": 0}
+
+    @property
+    def tap_names(self) -> list[str]:
+        return self._seen["names"]
+
+    @property
+    def tap_modules(self) -> list[str]:
+        return self._seen["modules"]
+
+    @property
+    def tap_inputs(self) -> list[tuple[str, ...]]:
+        return self._seen["inputs"]
+
+    @property
+    def n_outputs(self) -> int:
+        return self._seen["n_outputs"]
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        taps: list[torch.Tensor] = []
+        names: list[str] = []
+        modules: list[str] = []
+        ins: list[tuple[str, ...]] = []
+        calls: dict[str, int] = {}
+        producer: dict[int, str] = {}
+
+        def hook_for(path: str):
+            def hook(module, hook_args, output):
+                call = calls.get(path, 0)
+                calls[path] = call + 1
+                flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+                consumed = tuple(dict.fromkeys(producer[id(a)] for a in tree_flatten(hook_args)[0]
+                                               if isinstance(a, torch.Tensor) and id(a) in producer))
+                for i, t in enumerate(flat):
+                    name = record_name(path, call, output=i if len(flat) > 1 else None)
+                    taps.append(t)
+                    names.append(name)
+                    modules.append(path)
+                    ins.append(consumed)
+                    producer[id(t)] = name
+            return hook
+
+        handles = [m.register_forward_hook(hook_for(path)) for path, m in self.model.named_modules()
+                   if self._include(path)]
+        try:
+            out = self.model(*args)
+        finally:
+            for h in handles:
+                h.remove()
+        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self._seen.update(names=names, modules=modules, inputs=ins, n_outputs=len(flat_out))
+        return (*flat_out, *taps)
+
+
+@dataclass(frozen=True)
+class TapInfo:
+    """What the extra outputs of a tapped program are: names, module paths, consumed taps."""
+
+    names: tuple[str, ...]
+    modules: tuple[str, ...]
+    inputs: tuple[tuple[str, ...], ...]
+    n_outputs: int
+
+    @classmethod
+    def from_module(cls, tapped: TappedModule) -> "TapInfo":
+        return cls(tuple(tapped.tap_names), tuple(tapped.tap_modules), tuple(tapped.tap_inputs), tapped.n_outputs)
+
+    @classmethod
+    def untapped(cls, n_outputs: int) -> "TapInfo":
+        return cls((), (), (), n_outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"names": list(self.names), "modules": list(self.modules),
+                "inputs": [list(i) for i in self.inputs], "n_outputs": self.n_outputs}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TapInfo":
+        return cls(tuple(d["names"]), tuple(d["modules"]), tuple(tuple(i) for i in d["inputs"]), int(d["n_outputs"]))
+
+    def output_name(self, i: int) -> tuple[str, str, tuple[str, ...]] | None:
+        """(record name, module path, consumed taps) of flat output `i` of the program; None for a model
+        output that the root module's tap repeats."""
+        if i < self.n_outputs:
+            if ROOT in self.names:
+                return None
+            return (ROOT if self.n_outputs == 1 else f"{ROOT}:{i}"), "", ()
+        k = i - self.n_outputs
+        if k >= len(self.names):
+            return f"output.{i}", "", ()
+        return self.names[k], self.modules[k], self.inputs[k]
+
+
+def export_tapped(model: torch.nn.Module, inputs: tuple, *, taps: bool = True) -> tuple[Any, TapInfo]:
+    """`torch.export` `model` (wrapped in `TappedModule` when `taps`); raises InputError if export fails."""
+    module: torch.nn.Module = TappedModule(model) if taps else _FlatOutputs(model)
+    with torch.no_grad():
+        module.eval()(*inputs)  # names the outputs: torch.export undoes state changes made while tracing
+    try:
+        ep = torch.export.export(module, tuple(inputs))
+    except Exception as e:  # torch.export raises many types; the message is what the user needs
+        raise InputError(f"torch.export could not trace {type(model).__name__}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    info = TapInfo.from_module(module) if taps else TapInfo.untapped(module.n_outputs)
+    return ep, info
+
+
+class _FlatOutputs(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self._seen = {"n_outputs": 0}
+
+    @property
+    def n_outputs(self) -> int:
+        return self._seen["n_outputs"]
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        flat = [t for t in tree_flatten(self.model(*args))[0] if isinstance(t, torch.Tensor)]
+        self._seen["n_outputs"] = len(flat)
+        return tuple(flat)
+
+
+# ---- exact graph rewrites for importers --------------------------------------------------------------
+
+def _rewrite_mask_assign(graph: Any, node: Any) -> bool:
+    """`x[mask] = v` (aten.index_put with one bool mask of x's shape) -> `torch.where(mask, v, x)`.
+
+    Exact: both return v where mask is true and x elsewhere. Only applied when the mask has x's shape
+    and `accumulate` is false.
+    """
+    aten = torch.ops.aten
+    x, indices, value = node.args[:3]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if accumulate or len(indices) != 1 or indices[0] is None:
+        return False
+    mask = indices[0].meta.get("val")
+    xv = x.meta.get("val")
+    if mask is None or xv is None or mask.dtype != torch.bool or tuple(mask.shape) != tuple(xv.shape):
+        return False
+    with graph.inserting_before(node):
+        w = graph.call_function(aten.where.self, (indices[0], value, x))
+    w.meta.update(node.meta)
+    node.replace_all_uses_with(w)
+    graph.erase_node(node)
+    return True
+
+
+def _rewrite_int_clamp(graph: Any, node: Any) -> bool:
+    """`clamp(i, None, hi)` on an integer tensor -> `clamp(i, iinfo.min, hi)` (and likewise for `lo`).
+
+    Exact: no integer lies beyond its dtype's range. Importers that turn a missing bound into ±inf and
+    cast it to the integer dtype fail ("Cannot convert infinity"); `F.interpolate(mode="linear")` emits
+    such clamps on its index tensors.
+    """
+    val = node.args[0].meta.get("val")
+    if val is None or val.dtype.is_floating_point or val.dtype == torch.bool:
+        return False
+    args = list(node.args) + [None] * (3 - len(node.args))
+    args[1] = node.kwargs.get("min", args[1])
+    args[2] = node.kwargs.get("max", args[2])
+    if args[1] is not None and args[2] is not None:
+        return False
+    info = torch.iinfo(val.dtype)
+    args[1] = info.min if args[1] is None else args[1]
+    args[2] = info.max if args[2] is None else args[2]
+    node.args, node.kwargs = tuple(args[:3]), {}
+    return True
+
+
+def _rewrite_random_to_zeros(graph: Any, node: Any) -> bool:
+    """`rand`/`randn(_like)` -> `zeros(_like)`. NOT exact in general: applied only on request
+    (`random="zeros"`), and `check_equivalent` then proves that the model's output does not depend on it
+    (e.g. Kokoro's source module with sine_amp = 0 on unvoiced input multiplies its noise by zero)."""
+    aten = torch.ops.aten
+    table = {aten.rand.default: aten.zeros.default, aten.randn.default: aten.zeros.default,
+             aten.rand_like.default: aten.zeros_like.default, aten.randn_like.default: aten.zeros_like.default}
+    target = table.get(node.target)
+    if target is None:
+        return False
+    node.target = target
+    node.kwargs = {k: v for k, v in node.kwargs.items() if k != "generator"}
+    return True
+
+
+REWRITES: dict[str, tuple[Any, Callable[[Any, Any], bool]]] = {
+    "mask_assign_to_where": ("index_put", _rewrite_mask_assign),
+    "int_clamp_bounds": ("clamp", _rewrite_int_clamp),
+}
+RANDOM_REWRITE = ("random_to_zeros", ("rand", _rewrite_random_to_zeros))
+
+
+def rewrite_for_import(ep: Any, *, random: str = "keep") -> tuple[Any, dict[str, int]]:
+    """Decompose `ep` to core ATen and apply the rewrites in `REWRITES` (plus random->zeros if asked).
+
+    Returns the rewritten program and how many nodes each rewrite changed.
+    """
+    ep = ep.run_decompositions()
+    rewrites = dict(REWRITES)
+    if random == "zeros":
+        rewrites[RANDOM_REWRITE[0]] = RANDOM_REWRITE[1]
+    counts: dict[str, int] = {}
+    graph = ep.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        for name, (needle, fn) in rewrites.items():
+            if needle in str(node.target) and fn(graph, node):
+                counts[name] = counts.get(name, 0) + 1
+                break
+    graph.lint()
+    ep.graph_module.recompile()
+    return ep, counts
+
+
+def check_equivalent(original: Any, rewritten: Any, inputs: tuple, *, rtol: float = 1e-5) -> None:
+    """Run both programs in PyTorch on `inputs`; raise InputError if a rewrite changed any output."""
+    with torch.no_grad():
+        a = [t for t in tree_flatten(original.module()(*inputs))[0] if isinstance(t, torch.Tensor)]
+        b = [t for t in tree_flatten(rewritten.module()(*inputs))[0] if isinstance(t, torch.Tensor)]
+    for i, (x, y) in enumerate(zip(a, b)):
+        same_nan = torch.equal(x.isnan(), y.isnan())
+        scale = x[x.isfinite()].abs().max().item() if x.isfinite().any() else 1.0
+        err = (x - y)[x.isfinite() & y.isfinite()].abs().max().item() if x.numel() else 0.0
+        if not same_nan or err > rtol * max(scale, 1e-12):
+            raise InputError(f"the import rewrites changed output {i} of the model in PyTorch (max error "
+                             f"{err:.3g} against scale {scale:.3g}); with random='zeros' the model's output "
+                             "depends on its random ops: give them a fixed source before porting")
+
+
+def unsupported_ops_message(runtime: str, ops: list[str], rewrites: dict[str, int]) -> str:
+    applied = ", ".join(f"{k} x{v}" for k, v in rewrites.items()) or "none"
+    hint = ""
+    if any(op.startswith(("rand", "randn")) for op in ops):
+        hint = ("; random ops can be replaced by zeros with random='zeros' when the output does not "
+                "depend on them (checked)")
+    return f"{runtime} cannot import ops {', '.join(sorted(ops))} (rewrites applied: {applied}){hint}"
