@@ -1,0 +1,221 @@
+"""`diff`: compare a candidate bundle (a port, another dtype, another runtime) with a reference bundle.
+
+    >>> import tensorprobe as tp
+    >>> report = tp.diff("ref_bundle", "cand_bundle", min_snr=60)        # doctest: +SKIP
+    >>> print(report.summary)                                           # doctest: +SKIP
+    Diverged: first divergence at generator.conv_post (SNR 41.2 dB < 60 dB, correlation 0.99996);
+    strongest amplifier generator.m_source.l_sin_gen/sin.0 (error gain x1,024); the divergence
+    persists to the output <root> (SNR 12.3 dB).
+
+Pairs are compared one at a time (tensors are memory-mapped from the bundles' shards, so bundles larger
+than memory work), each in one fused pass (`metrics.py`). The analysis that follows (error gain over the
+op graph, repeated calls, random ops) is in `analysis.py`; the findings are in `result.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Callable, Mapping, Sequence
+
+from ..bundle import Bundle
+from ..errors import InputError
+from ..record import Record, short_op
+from . import analysis
+from .align import Pair, Rule, align, load_rules, parse_rule, same_shape
+from .db import DB_SCALES, db_error
+from .metrics import Sums, accumulate, evaluate
+from .result import (STATUS_FAIL, STATUS_NO_DATA, STATUS_PASS, STATUS_SHAPE, AngleResult, Criteria,
+                     DiffReport, PairResult)
+
+ANGLE_OPS = ("atan2", "angle")
+_EPS32 = 1.1920929e-07
+
+
+def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
+         atol: float | None = None, rtol: float | None = None, min_corr: float | None = None,
+         min_snr: float | None = None, rules: Sequence[str | Rule] | str | os.PathLike | None = None,
+         angles: Sequence[str] = (), db: Sequence[str] = (),
+         progress: Callable[[str], None] | None = None) -> DiffReport:
+    """Align two bundles and compare every pair; find the first divergence and the strongest amplifier.
+
+    Args:
+        ref, cand: bundles (or paths: a bundle directory, a `.safetensors` or `.npz` dump).
+        atol, rtol: element-wise tolerance |cand - ref| <= atol + rtol·|ref|.
+        min_corr: minimum Pearson correlation; min_snr: minimum SNR in dB. With no criterion at all,
+            min_snr=60 dB applies.
+        rules: name-mapping rules `PATTERN=REPLACEMENT` (candidate name -> reference name), or the path
+            of a rules file (format in `tensorprobe.diff.align`).
+        angles: regexes (searched in reference names) of records to compare modulo 2π, besides those
+            tagged "angle" by capture (outputs of atan2/angle).
+        db: regexes of spectrogram / log-magnitude records to also report in dB; `REGEX=SCALE` picks how
+            values map to dB (mag, power, ln, db; default auto: mag if all values >= 0, else ln).
+        progress: called with each record name as it is compared.
+
+    Returns:
+        A `DiffReport`; `report.passed` is False when any pair fails or shapes differ.
+
+    Example:
+        >>> r = diff("ref", "cand", rules=[r"dec\\.(.*)=decoder.\\1"], angles=[r"phase"])   # doctest: +SKIP
+        >>> r.first_divergence, r.strongest_amplifier.name                                # doctest: +SKIP
+    """
+    criteria = Criteria(atol, rtol, min_corr, min_snr).resolved()
+    ref_b, cand_b = _open(ref), _open(cand)
+    rule_list = _rules(rules)
+    angle_res = _compile_all(angles, "--angle")
+    db_res = _db_specs(db)
+    alignment = align(ref_b.records, cand_b.records, rule_list)
+    results = []
+    for pair in alignment.pairs:
+        if progress is not None:
+            progress(pair.ref.name)
+        results.append(compare_pair(ref_b, cand_b, pair, criteria, _is_angle(pair, angle_res),
+                                    _db_scale(pair.ref.name, db_res)))
+    return analysis.build_report(
+        ref=str(ref_b.path), cand=str(cand_b.path), criteria=criteria, results=results,
+        ref_records=ref_b.records, ref_only=[r.name for r in alignment.ref_only],
+        cand_only=[c.name for c in alignment.cand_only], notes=_bundle_notes(ref_b, cand_b),
+        ref_bundle=ref_b, cand_bundle=cand_b)
+
+
+def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool = False,
+                 db_scale: str | None = None) -> PairResult:
+    """Compare one aligned pair (loads its two tensors, memory-mapped, and drops them after)."""
+    r, c = pair.ref, pair.cand
+    base = dict(name=r.name, cand_name=c.name, module=r.module, op=r.op, kind=r.kind, call=r.call,
+                order=r.order, shape=tuple(r.shape), cand_shape=tuple(c.shape), dtype=r.dtype,
+                cand_dtype=c.dtype, match=pair.method, tags=tuple(sorted(set(r.tags) | set(c.tags)
+                                                                        | ({"angle"} if angle else set()))))
+    if not same_shape(r.shape, c.shape):
+        return PairResult(**base, status=STATUS_SHAPE,
+                          reasons=(f"shape {_shape(r.shape)} vs {_shape(c.shape)}",))
+    if not (r.has_tensor and c.has_tensor):
+        side = "reference" if not r.has_tensor else "candidate"
+        return PairResult(**base, status=STATUS_NO_DATA,
+                          reasons=(f"{side} kept statistics only (capture with keep='full')",))
+    rt, ct = ref_b.tensor(r.name), cand_b.tensor(c.name)
+    sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r),
+                      atol=(criteria.atol or 0.0) if criteria.elementwise else math.inf,
+                      rtol=criteria.rtol or 0.0, angle=angle)
+    metrics = evaluate(sums)
+    angle_res = _angle_result(sums, metrics, criteria) if angle else None
+    db_res = db_error(rt, ct, db_scale) if db_scale is not None else None
+    del rt, ct
+    reasons = judge(metrics, sums, criteria)
+    return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
+                      metrics=metrics, angle=angle_res, db=db_res)
+
+
+def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria) -> list[str]:
+    """The reasons a pair fails `criteria` (empty list: it passes)."""
+    reasons = []
+    if sums.nonfinite_mismatch:
+        reasons.append(f"{int(sums.nonfinite_mismatch):,} elements finite on one side only "
+                       f"(finite fraction {metrics['ref_finite_frac']:.6g} vs {metrics['cand_finite_frac']:.6g})")
+    if criteria.elementwise and sums.violations:
+        reasons.append(f"{int(sums.violations):,} of {sums.n:,} elements outside atol={criteria.atol or 0:g} "
+                       f"+ rtol={criteria.rtol or 0:g}·|ref| (max abs err {metrics['max_abs_err']:.3g})")
+    snr, corr = metrics["snr_db"], metrics["pearson"]
+    if criteria.min_snr is not None and snr is not None and snr < criteria.min_snr:
+        if not (snr == -math.inf and (metrics["max_abs_err"] or 0.0) <= 1e-6):  # all-zero ref, tiny noise
+            reasons.append(f"SNR {snr:.1f} dB < {criteria.min_snr:g} dB")
+    if criteria.min_corr is not None and corr is not None and corr < criteria.min_corr:
+        reasons.append(f"correlation {corr:.6f} < {criteria.min_corr:g}")
+    return reasons
+
+
+def _angle_result(sums: Sums, metrics: Mapping[str, float | None], criteria: Criteria) -> AngleResult:
+    e = sums.energy_ref()
+    raw_snr = (math.inf if sums.raw_s_dd == 0 else (10 * math.log10(e / sums.raw_s_dd) if e > 0 else -math.inf)) \
+        if sums.n_both else None
+    raw_sums = Sums(**{**sums.__dict__, "s_dd": sums.raw_s_dd, "max_abs": sums.raw_max_abs})
+    raw_fails = bool(judge({**metrics, "snr_db": raw_snr, "max_abs_err": sums.raw_max_abs}, raw_sums,
+                           Criteria(min_snr=criteria.min_snr, min_corr=None))) or sums.raw_max_abs > math.pi
+    wrapped_fails = bool(judge(metrics, sums, criteria))
+    flips = int(sums.flips)
+    return AngleResult(flips=flips, raw_max_abs_err=sums.raw_max_abs, raw_snr_db=raw_snr,
+                       explained=flips > 0 and raw_fails and not wrapped_fails)
+
+
+def _open(b: Bundle | str | os.PathLike) -> Bundle:
+    if isinstance(b, Bundle):
+        return b
+    if not isinstance(b, (str, os.PathLike)):
+        raise InputError(f"diff takes bundles or bundle paths, got {type(b).__name__}")
+    return Bundle.open(b)
+
+
+def _rules(rules: Sequence[str | Rule] | str | os.PathLike | None) -> list[Rule]:
+    if rules is None:
+        return []
+    if isinstance(rules, (str, os.PathLike)):
+        if isinstance(rules, str) and "=" in rules and not os.path.exists(rules):
+            return [parse_rule(rules)]
+        return load_rules(rules)
+    return [r if isinstance(r, Rule) else parse_rule(r) for r in rules]
+
+
+def _compile_all(patterns: Sequence[str] | str, what: str) -> list[re.Pattern]:
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    out = []
+    for p in patterns:
+        try:
+            out.append(re.compile(p))
+        except re.error as e:
+            raise InputError(f"{what} {p!r}: invalid regular expression ({e})") from None
+    return out
+
+
+def _db_specs(specs: Sequence[str] | str) -> list[tuple[re.Pattern, str]]:
+    if isinstance(specs, str):
+        specs = [specs]
+    out = []
+    for s in specs:
+        pattern, scale = s, "auto"
+        if "=" in s and s.rsplit("=", 1)[1] in DB_SCALES:
+            pattern, scale = s.rsplit("=", 1)
+        out.append((_compile_all([pattern], "--db")[0], scale))
+    return out
+
+
+def _db_scale(name: str, specs: list[tuple[re.Pattern, str]]) -> str | None:
+    return next((scale for rx, scale in specs if rx.search(name)), None)
+
+
+def _is_angle(pair: Pair, regexes: list[re.Pattern]) -> bool:
+    r, c = pair.ref, pair.cand
+    if "angle" in r.tags or "angle" in c.tags:
+        return True
+    if short_op(r.op).split(".")[0] in ANGLE_OPS:
+        return True
+    return any(rx.search(r.name) for rx in regexes)
+
+
+def _shift(r: Record) -> float:
+    m = r.stats.mean
+    return float(m) if isinstance(m, (int, float)) and math.isfinite(m) else 0.0
+
+
+def _floor(r: Record) -> float:
+    a = r.stats.absmax
+    a = float(a) if isinstance(a, (int, float)) and math.isfinite(a) else 0.0
+    return max(_EPS32 * a, 1e-30)
+
+
+def _shape(s: Sequence[int]) -> str:
+    return "(" + ", ".join(map(str, s)) + ")"
+
+
+def _bundle_notes(ref: Bundle, cand: Bundle) -> list[str]:
+    notes = []
+    for label, b in (("reference", ref), ("candidate", cand)):
+        if not b.complete:
+            err = b.error or {}
+            notes.append(f"the {label} bundle is incomplete ({err.get('type', 'interrupted')}: "
+                         f"{err.get('message', '')}); records after the failure are missing")
+    return notes
+
+
+__all__ = ["diff", "compare_pair", "judge"]

@@ -1,0 +1,130 @@
+"""Terminal rendering of a `DiffReport` (rich): the summary, the records that matter, amplifiers, calls.
+
+    >>> from rich.console import Console
+    >>> render_diff(Console(), report)          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..diff.result import STATUS_FAIL, STATUS_PASS, STATUS_SHAPE, DiffReport, PairResult
+
+_STATUS_STYLE = {STATUS_PASS: "green", STATUS_FAIL: "red", STATUS_SHAPE: "magenta"}
+
+
+def fmt(v: Any, digits: int = 4) -> str:
+    """Compact number: '–' for None, 'inf' for infinities, `digits` significant digits."""
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def fmt_corr(v: float | None) -> str:
+    """Correlations near 1 need their nines: 0.99999712."""
+    if v is None:
+        return "–"
+    return f"{v:.8f}" if v > 0.99 else f"{v:.4f}"
+
+
+def render_diff(console: Console, report: DiffReport, *, limit: int = 40, show_all: bool = False) -> None:
+    """Print the verdict and summary, then a table of the notable records (all with `show_all`)."""
+    style = {"match": "bold green", "diverged": "bold red"}.get(report.verdict, "bold yellow")
+    console.print(f"[{style}]{report.verdict.upper()}[/]  {escape(report.summary)}", highlight=False)
+    rows = _rows(report, limit, show_all)
+    if rows:
+        console.print(_pairs_table(report, rows))
+        hidden = len(report.pairs) - len(rows)
+        if hidden > 0:
+            console.print(f"[dim]{hidden} more records not shown (all pass or are not notable); "
+                          "--all shows every record, --json or --html everything[/]")
+    if report.amplifiers:
+        console.print(_amplifier_table(report))
+    _print_calls(console, report)
+    _print_unmatched(console, report)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+
+
+def _rows(report: DiffReport, limit: int, show_all: bool) -> list[PairResult]:
+    if show_all or len(report.pairs) <= limit:
+        return list(report.pairs)
+    notable = {report.first_divergence, report.worst, report.output} | {a.name for a in report.amplifiers[:3]}
+    keep = [p for p in report.pairs if p.name in notable]
+    failing = [p for p in report.pairs if p.failed and p.name not in notable]
+    keep += failing[: max(0, limit - len(keep))]
+    return sorted(keep, key=lambda p: p.order)
+
+
+def _marks(report: DiffReport, p: PairResult) -> str:
+    m = []
+    if p.name == report.first_divergence:
+        m.append("first")
+    if report.amplifiers and p.name == report.amplifiers[0].name:
+        m.append("amplifier")
+    if p.name == report.worst:
+        m.append("worst")
+    if p.name == report.output:
+        m.append("output")
+    if p.angle is not None and p.angle.flips:
+        m.append(f"{p.angle.flips} 2π flips")
+    return ", ".join(m)
+
+
+def _pairs_table(report: DiffReport, rows: list[PairResult]) -> Table:
+    t = Table(show_edge=False, pad_edge=False, title="records (execution order)", title_justify="left")
+    t.add_column("record  [dim]op[/]", min_width=20, overflow="fold", ratio=1)
+    for col in ("status", "SNR dB", "correlation", "max abs", "gain"):
+        t.add_column(col, no_wrap=True, justify="left" if col == "status" else "right")
+    for p in rows:
+        st = _STATUS_STYLE.get(p.status, "yellow")
+        cell = escape(p.name) + (f" [dim]← {escape(p.cand_name)}[/]" if p.cand_name != p.name else "")
+        cell += f"  [dim]{escape(_short(p.op))}[/]"
+        marks = _marks(report, p)
+        cell += f"  [bold yellow]◀ {escape(marks)}[/]" if marks else ""
+        t.add_row(cell, f"[{st}]{p.status}[/]", fmt(p.metric("snr_db"), 3), fmt_corr(p.metric("pearson")),
+                  fmt(p.metric("max_abs_err"), 3), fmt(p.gain, 3))
+    return t
+
+
+def _short(op: str) -> str:
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+def _amplifier_table(report: DiffReport) -> Table:
+    t = Table(show_edge=False, pad_edge=False, title="strongest error amplifiers", title_justify="left")
+    for col in ("record", "op", "gain", "input rel err", "output rel err"):
+        t.add_column(col)
+    for a in report.amplifiers[:5]:
+        t.add_row(escape(a.name), escape(_short(a.op)), fmt(a.gain, 4), fmt(a.input_rel_err, 3),
+                  fmt(a.output_rel_err, 3))
+    return t
+
+
+def _print_calls(console: Console, report: DiffReport) -> None:
+    series = [s for s in report.call_series if "/" not in s.key] or list(report.call_series)
+    for s in series[:5]:
+        snrs = " ".join(fmt(v, 3) for v in s.snr_db)
+        enter = f"error enters at call {s.first_failing_call}" if s.first_failing_call is not None else "all calls pass"
+        console.print(f"[bold]calls[/] {escape(s.key)} ×{len(s.calls)}: {enter}; SNR dB per call: {snrs}",
+                      highlight=False)
+
+
+def _print_unmatched(console: Console, report: DiffReport, n: int = 8) -> None:
+    for label, names in (("reference only", report.ref_only), ("candidate only", report.cand_only),
+                         ("shape mismatch", report.shape_mismatches)):
+        if names:
+            more = f" … (+{len(names) - n})" if len(names) > n else ""
+            console.print(f"[magenta]{label}[/] ({len(names)}): {escape(', '.join(names[:n]))}{more}",
+                          highlight=False)
