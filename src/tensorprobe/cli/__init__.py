@@ -12,6 +12,8 @@ from ._common import app, run_app
 # Importing a command module registers its commands on `app`.
 from . import core  # noqa: F401,E402
 from . import audio  # noqa: F401,E402
+from . import tts  # noqa: F401,E402
+from . import diff  # noqa: F401,E402
 
 
 def main() -> None:
