@@ -16,6 +16,7 @@ from .record import Record  # noqa: E402
 from .bundle import Bundle, BundleWriter  # noqa: E402
 from .capture import Capture, capture  # noqa: E402
 from .nan import NanOrigin, find_first_nonfinite, find_nonfinite_in_bundle  # noqa: E402
+from .diff import DiffReport, diff  # noqa: E402  (the function shadows the subpackage attribute; import submodules with `from tensorprobe.diff.X import ...`)
 
 open_bundle = Bundle.open
 
