@@ -51,7 +51,7 @@ class DiffThresholds:
 
     wave_corr: float = 0.95       # waveforms match when the aligned correlation is at least this
     mel_mean_db: float = 1.0      # magnitudes match when the mean |log-mel difference| is at most this ...
-    mel_band_db: float = 3.0      # ... and no mel band (of 8) is off by more than this on average ...
+    mel_band_db: float = 3.0      # ... and no band (8 mel groups) has its energy off by more than this on average ...
     mel_region_db: float = 12.0   # ... and no time-frequency region is off by more than this on average
     length_share: float = 0.05    # a length difference above this share of the reference is reported
     align_min_corr: float = 0.5   # a lag is used only if the aligned |correlation| reaches this (else lag 0)
@@ -225,7 +225,8 @@ def mel_difference(ref_db: np.ndarray, cand_db: np.ndarray, hz: np.ndarray, hop:
     n_mels, n_frames = a.shape
     edges = np.linspace(0, n_mels, min(n_bands, n_mels) + 1).astype(int)
     bands = [{"mel_bins": [int(lo), int(hi)], "hz": [float(hz[lo]), float(hz[hi + 1])],
-              "mean_db": float(a[lo:hi].mean())} for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+              "mean_db": _band_energy_db(ref_db[lo:hi], cand_db[lo:hi])}
+             for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
     worst_band = max(bands, key=lambda b: b["mean_db"])
     fb, ft = max(1, n_mels // 10), max(1, min(n_frames, int(round(0.2 * sr / hop))))
     smooth = uniform_filter(a, size=(fb, ft), mode="nearest")
@@ -238,6 +239,14 @@ def mel_difference(ref_db: np.ndarray, cand_db: np.ndarray, hz: np.ndarray, hop:
             "signed_mean_db": float(d.mean()), "corr": pearson(ref_db.ravel(), cand_db.ravel()),
             "worst_band": worst_band, "worst_region": region, "bands": bands, "frames": int(n_frames),
             "n_mels": int(n_mels)}
+
+
+def _band_energy_db(ref_db: np.ndarray, cand_db: np.ndarray) -> float:
+    """Mean over frames of |band energy difference| in dB: a tone moving inside the band does not count,
+    a band turned up or down does."""
+    er = np.sum(10 ** (ref_db / 10), axis=0)
+    ec = np.sum(10 ** (cand_db / 10), axis=0)
+    return float(np.mean(np.abs(10 * np.log10(ec / er))))
 
 
 def mrstft_distance(ref: np.ndarray, cand: np.ndarray, sr: float) -> dict[str, Any]:

@@ -240,6 +240,8 @@ class StageChecker:
         kind = check_as or stage
         if kind == "audio":
             self.audio(out, sample_rate)
+        elif kind == "latents":
+            self.latents(out, stage=stage)
         elif kind != "none":
             self.check(kind, out)
         return out

@@ -1,0 +1,99 @@
+"""`tensorprobe tts check RUN` and `tensorprobe tts demo`: thin wrappers over `tensorprobe.tts.check_stages`
+and `tensorprobe.tts.kokoro.demo`. Exit codes: 0 clean, 1 an error finding, 2 bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
+from ..report.tts import render_stage_report
+from ._common import JsonOption, app, console, emit_json, fail
+
+tts_app = typer.Typer(help="Check every stage of a TTS pipeline (text → phonemes → ids → durations → mel → audio).",
+                      no_args_is_help=True)
+app.add_typer(tts_app, name="tts")
+
+
+def _finish(report, json_out: bool, command: str, extra: dict | None = None) -> None:
+    status = "finding" if report.errors else "ok"
+    if json_out:
+        emit_json(command, status, {"report": report.to_dict(), **(extra or {})})
+    else:
+        render_stage_report(console, report)
+    raise typer.Exit(EXIT_FINDING if report.errors else EXIT_OK)
+
+
+@tts_app.command("check")
+def check_cmd(
+    run: Path = typer.Argument(..., help="A recorded run: .npz, .safetensors or bundle dir whose tensor names are "
+                                         "stage names (text, phonemes, vocab, ids, durations, mel, latents, audio, "
+                                         "sample_rate; see README)."),
+    vocab: Optional[Path] = typer.Option(None, "--vocab", help="JSON vocabulary {symbol: id}, or a model config "
+                                                               "with a \"vocab\" key (Kokoro's config.json)."),
+    embedding_size: Optional[int] = typer.Option(None, "--embedding-size", help="Rows of the model's token embedding."),
+    sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="Hz of the audio stage."),
+    mel_min: float = typer.Option(-11.5, "--mel-min", help="Expected log-mel minimum."),
+    mel_max: float = typer.Option(0.0, "--mel-max", help="Expected log-mel maximum."),
+    max_duration: float = typer.Option(200, "--max-duration", help="Frames per token above which it is extreme."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Check a recorded TTS run stage by stage; exit 1 on any error finding."""
+    try:
+        opts: dict = {"mel_range": (mel_min, mel_max), "max_duration_frames": max_duration}
+        if vocab is not None:
+            opts["vocab"] = _read_vocab(vocab)
+        if embedding_size is not None:
+            opts["embedding_size"] = embedding_size
+        if sample_rate is not None:
+            opts["sample_rate"] = sample_rate
+        from ..tts import check_stages
+
+        report = check_stages(run, **opts)
+    except TensorprobeError as e:
+        fail(str(e))
+    _finish(report, json_out, "tts check")
+
+
+def _read_vocab(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not a JSON vocabulary ({e})") from None
+    if isinstance(data, dict) and isinstance(data.get("vocab"), dict):
+        data = data["vocab"]
+    if not isinstance(data, dict) or not all(isinstance(v, int) for v in data.values()):
+        raise InputError(f"{path}: expected a JSON object {{symbol: integer id}} (or a config with a \"vocab\" key)")
+    return data
+
+
+@tts_app.command("demo")
+def demo_cmd(
+    phonemes: str = typer.Argument("həlˈO wˈɜɹld", help="Kokoro phonemes (IPA) to synthesise."),
+    fault: Optional[str] = typer.Option(None, "--fault", help="Reproduce a failure: unknown-symbols, oov-id, "
+                                                              "long-durations, unvoiced, nan."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the audio here (tensorprobe.audio.save)."),
+    seed: int = typer.Option(0, "--seed", help="Weight seed."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run a Kokoro-shaped pipeline (the Kokoro-82M decoder with random weights, no download) through the
+    stage checker; exit 1 on any error finding."""
+    try:
+        from ..tts.kokoro import demo
+
+        audio, report = demo(phonemes, fault=fault, seed=seed)
+        saved = None
+        if out is not None and audio is not None:
+            from ..audio import save
+
+            saved = save(out, audio, 24_000, normalize=True, repair_nonfinite=False)
+    except TensorprobeError as e:
+        fail(str(e))
+    if saved is not None and not json_out:
+        console.print(f"wrote {out}: {'; '.join(saved.notes)}")
+    _finish(report, json_out, "tts demo", {"out": str(out) if saved is not None else None})
