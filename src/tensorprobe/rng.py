@@ -159,15 +159,19 @@ class RngReplay:
         model: optional; with it the context manager names random ops by module path (match by name),
             without it they are matched by call order only.
         strict: refuse to fall back to call order when a name is not in the recording.
+        cast: convert a recorded tensor to the dtype this run draws (e.g. a float16 candidate replaying
+            float32 noise) instead of refusing it; shapes must still agree.
     """
 
-    def __init__(self, source: Any, *, model: torch.nn.Module | None = None, strict: bool = False):
+    def __init__(self, source: Any, *, model: torch.nn.Module | None = None, strict: bool = False,
+                 cast: bool = False):
         self.tape = _tape_from(source)
         if not self.tape.entries:
             raise InputError(f"{self.tape.origin}: no random ops were recorded there, nothing to replay "
                              "(capture the reference run first: tensorprobe capture TARGET --keep full)")
         self.model = model
         self.strict = strict
+        self.cast = cast
         self.replayed: list[str] = []
         self._counts: dict[tuple[str, int, str], int] = {}
         self._mode: _ReplayMode | None = None
@@ -224,6 +228,8 @@ class RngReplay:
                              f"tensors, and this run asked for one more ({where}); was it captured from the same "
                              "model and inputs?")
         t = self.tape.loader(entry.name)
+        if self.cast and tuple(t.shape) == tuple(like.shape):
+            t = t.to(like.dtype)
         if tuple(t.shape) != tuple(like.shape) or t.dtype != like.dtype:
             raise InputError(
                 f"replaying {where}: the recording's next random tensor {entry.name!r} is {_desc(t)} but this run "
