@@ -540,8 +540,8 @@ def _figures(s: _Signal) -> dict[str, Any]:
 def _layout_failure(raw: np.ndarray, sr: float, why: str, source: str, t: Thresholds) -> AudioReport:
     v = Verdict(check="channels", status=ERROR, figure=None, unit="channels", threshold=t.layout_max_channels,
                 severity=ERROR, message=why, details={"shape": list(raw.shape)})
-    rest = tuple(_skipped(name, ERROR, "", "the array is not a waveform")
-                 for name in CHECK_NAMES if name not in ("channels",))
+    verdicts = tuple(v if name == "channels" else _skipped(name, ERROR, "", "the array is not a waveform")
+                     for name in CHECK_NAMES)
     return AudioReport(source=source, sample_rate=sr, frames=0, channels=0, layout=f"shape {list(raw.shape)}",
                        dtype=str(raw.dtype), is_float=bool(np.issubdtype(raw.dtype, np.floating)),
-                       verdicts=(v,) + rest)
+                       verdicts=verdicts)

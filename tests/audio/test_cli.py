@@ -1,0 +1,93 @@
+"""`tensorprobe audio check|diff` as a user runs them: exit codes 0/1/2, JSON, HTML."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import soundfile as sf
+from typer.testing import CliRunner
+
+from audio_signals import SR, sine, speechlike
+from tensorprobe.cli import app
+
+runner = CliRunner()
+
+
+def text(res):
+    return " ".join(res.output.split())  # rich wraps long lines at the terminal width
+
+
+def write(path, x, subtype="PCM_16"):
+    sf.write(path, x, SR, subtype=subtype)
+    return str(path)
+
+
+def test_check_clean_file_exits_0(tmp_path):
+    res = runner.invoke(app, ["audio", "check", write(tmp_path / "ok.wav", sine())])
+    assert res.exit_code == 0, res.output
+    assert "OK" in res.output
+
+
+def test_check_error_verdict_exits_1_with_json(tmp_path):
+    ok = write(tmp_path / "ok.wav", sine())
+    silent = write(tmp_path / "silent.flac", np.zeros(SR))
+    big = write(tmp_path / "big.wav", 1e9 * sine(), subtype="FLOAT")
+    res = runner.invoke(app, ["audio", "check", ok, silent, big, "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert doc["command"] == "audio check" and doc["status"] == "finding"
+    status = {f["source"]: f["status"] for f in doc["files"]}
+    assert status == {ok: "ok", silent: "error", big: "error"}
+    big_scale = next(v for v in doc["files"][2]["verdicts"] if v["check"] == "scale")
+    assert big_scale["status"] == "error" and big_scale["figure"] > 4e8
+
+
+def test_warning_only_exits_0(tmp_path):
+    res = runner.invoke(app, ["audio", "check", write(tmp_path / "dc.wav", 0.3 * sine() + 0.2)])
+    assert res.exit_code == 0 and "DC offset" in text(res)
+
+
+def test_threshold_override_changes_the_verdict(tmp_path):
+    quiet = write(tmp_path / "quiet.wav", sine(amp=0.01))
+    assert runner.invoke(app, ["audio", "check", quiet]).exit_code == 0
+    assert runner.invoke(app, ["audio", "check", quiet, "--threshold", "silence_peak_dbfs=-30"]).exit_code == 1
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    for args, msg in ([str(tmp_path / "missing.wav")], "no such file"), ([str(empty)], "empty file"), \
+                     ([str(empty), "-t", "bogus=1"], "unknown threshold"), \
+                     ([str(empty), "-t", "silence_peak_dbfs"], "NAME=VALUE"):
+        res = runner.invoke(app, ["audio", "check", *args])
+        assert res.exit_code == 2, (args, res.output)
+        assert msg in text(res) and "Traceback" not in res.output
+
+
+def test_diff_match_and_phase_only_exit_0_real_difference_exits_1(tmp_path):
+    x = speechlike()
+    ref = write(tmp_path / "ref.wav", x, "FLOAT")
+    lagged = write(tmp_path / "lag.wav", np.concatenate([np.zeros(80), x])[:SR], "FLOAT")
+    res = runner.invoke(app, ["audio", "diff", ref, lagged, "--json"])
+    assert res.exit_code == 0
+    d = json.loads(res.stdout)["diff"]
+    assert d["lag_frames"] == 80 and d["verdict"] == "match"
+    noisy = write(tmp_path / "noisy.wav", x + np.random.default_rng(0).normal(0, 0.02, SR), "FLOAT")
+    res = runner.invoke(app, ["audio", "diff", ref, noisy])
+    assert res.exit_code == 1 and "differs" in res.output
+
+
+def test_diff_html(tmp_path):
+    x = speechlike(0.5)
+    ref, cand = write(tmp_path / "a.wav", x), write(tmp_path / "b.wav", 0.8 * x)
+    out = tmp_path / "report.html"
+    res = runner.invoke(app, ["audio", "diff", ref, cand, "--html", str(out)])
+    assert res.exit_code == 1, res.output  # -1.9 dB in every band is a real difference
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_diff_bad_input_exits_2(tmp_path):
+    ref = write(tmp_path / "a.wav", sine())
+    res = runner.invoke(app, ["audio", "diff", ref, str(tmp_path / "nope.wav")])
+    assert res.exit_code == 2 and "no such file" in text(res)
