@@ -15,13 +15,14 @@ Where the module scope of a node comes from, first match wins:
    every node, from the ExportedProgram's `nn_module_stack`);
 3. `pkg.torch.onnx.name_scopes`, written by the dynamo exporter (module path, no call index);
 4. a legacy-exporter node name `/a/b.0/c/OpType_3` (a repeated call shows up as `c_1`);
-5. nodes with none of these (added by an optimizer or by `onnxruntime.quantization`) are grouped into
+5. with mapping rules, a node none of the above names is at the root. Without rules, nodes with none of these (added by an optimizer or by `onnxruntime.quantization`) are grouped into
    connected clusters; a cluster takes the module of a parameter it reads (`conv.weight_quantized` ->
    `conv`), else the module of the latest node feeding it, else of the first node it feeds.
 
 A module's output is the data value (one that depends on a graph input) produced inside the module's
 scope and consumed outside it; one such value is named like the PyTorch module record (`path`, `path@call`),
-several are `path:0`, `path:1`... in production order. Every other value is `<module>/<OpType>.<k>`.
+a module known to return a tuple gets `path:0`, `path:1`... matched by shape; otherwise the value
+leaving the scope last is the module's output. Every other value is `<module>/<OpType>.<k>`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..errors import InputError
 from ..record import record_name
 
 SCOPE_KEY = "tensorprobe.scope"
+MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples
 ANGLE_OPS = {"Atan"}
 ANGLE_PASS_OPS = {"Where", "Add", "Sub", "Neg", "ScatterND", "ScatterElements", "Identity"}
 RNG_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -128,7 +130,7 @@ def _scope_from_metadata(node: Any) -> Chain | None:
         except (ValueError, SyntaxError):
             return None
         if isinstance(names, list) and len(names) >= 2:
-            return chain_of_path(names[-2]) if names[-2] else ()
+            return tuple((n, 0) for n in names[1:-1] if n)
     return None
 
 
@@ -185,9 +187,13 @@ def _known_modules(graph: Any) -> set[str]:
 class GraphNamer:
     """Works out module scopes and record names for the values of one ONNX graph."""
 
-    def __init__(self, model: Any, rules: MappingRules | None = None, input_records: dict[str, str] | None = None):
+    def __init__(self, model: Any, rules: MappingRules | None = None, input_records: dict[str, str] | None = None,
+                 shapes: dict[str, tuple[int, ...]] | None = None):
         self.graph = model.graph
         self.input_records = input_records or {}
+        self.shapes = shapes or {}
+        meta = {p.key: p.value for p in model.metadata_props}
+        self.module_shapes: dict[str, list] = json.loads(meta.get(MODULE_OUTPUTS_KEY, "{}"))
         self.nodes = list(self.graph.node)
         self.rules = rules or MappingRules()
         self.initializers = {i.name for i in self.graph.initializer}
@@ -214,13 +220,15 @@ class GraphNamer:
                 by_path[chain[-1][0]] = chain
             chains.append(chain)
         _fix_legacy_calls(chains)
+        if self.rules.rules:    # with rules, a node they don't name stays at the root
+            chains = [c if c is not None else () for c in chains]
         self._fill_clusters(chains, by_path)
         return [c if c is not None else () for c in chains]
 
     def _direct_scope(self, node: Any) -> Chain | None:
         ruled = self.rules.module_of(node.name) if self.rules.rules else None
-        if ruled is not None:
-            return chain_of_path(ruled)
+        if ruled is not None:   # only the module named by the rule: its prefixes may not be modules
+            return ((ruled, 0),) if ruled else ()
         chain = _scope_from_metadata(node)
         if chain is not None:
             return chain
@@ -293,14 +301,39 @@ class GraphNamer:
                         escaping.setdefault(key, []).append(o)
         names: dict[str, list[str]] = {}
         for (path, call), values in escaping.items():
-            for k, v in enumerate(values):
-                names.setdefault(v, []).append(record_name(path, call, output=k if len(values) > 1 else None))
+            for v, out in self._tuple_slots((path, call), values).items():
+                names.setdefault(v, []).append(record_name(path, call, output=out))
         roots = self.graph_outputs
         for k, v in enumerate(roots):
             names.setdefault(v, []).append(record_name("", output=k if len(roots) > 1 else None))
         for v, lst in names.items():  # innermost module first
             lst.sort(key=lambda n: (n.startswith("<root>"), -n.count(".")))
         return names
+
+    def _tuple_slots(self, key: tuple[str, int], values: list[str]) -> dict[str, int | None]:
+        """Which escaping values are the module's outputs, and at which tuple index.
+
+        Without a record of the module's outputs (a user's file) or for a one-tensor module, the value
+        leaving the scope last is the output. For a module known to return n tensors, values are matched
+        to tuple slots by shape, then in production order.
+        """
+        shapes = self.module_shapes.get(f"{key[0]}@{key[1]}")
+        if not shapes or len(shapes) == 1:
+            return {values[-1]: None}
+        slots: dict[str, int | None] = {}
+        free = list(range(len(shapes)))
+        for v in values:
+            shape = self.shapes.get(v)
+            same = [i for i in free if shape is not None and tuple(shapes[i]) == shape]
+            if same:
+                pick = same[0]
+            elif shape is None and free:
+                pick = free[0]
+            else:
+                continue
+            slots[v] = pick
+            free.remove(pick)
+        return slots
 
     def plan(self) -> list[ValuePlan]:
         """One ValuePlan per non-constant node output, in graph (topological) order."""

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, TargetError
-from ._onnx_names import SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
+from ._onnx_names import MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
 from .base import RuntimeAdapter, RuntimeTensor
 
 EXPORTERS = ("dynamo", "legacy")
@@ -108,10 +108,9 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
 
     def _run(self, artifact: OnnxArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
         feeds = graph_feeds(artifact.model, inputs)
-        keys = list(inputs) if isinstance(inputs, dict) else [str(i) for i in range(len(feeds))]
-        records = {name: f"input.{key}" for name, key in zip(feeds, keys)}
-        plans = [p for p in GraphNamer(artifact.model, artifact.rules, records).plan() if self._selected(p)]
-        sizes = estimate_bytes(artifact.model, feeds)
+        sizes, shapes = estimate_bytes(artifact.model, feeds)
+        records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
+        plans = [p for p in GraphNamer(artifact.model, artifact.rules, records, shapes).plan() if self._selected(p)]
         budget = self.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
         self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
@@ -209,10 +208,11 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
             if exporter == "dynamo":
                 prog = torch.onnx.export(model, tuple(inputs), dynamo=True, input_names=names, verbose=False, **kw)
                 proto = prog.model_proto
-                _stamp_scopes(proto, prog.exported_program)
+                _stamp_scopes(proto, prog.exported_program, model, tuple(inputs))
                 _save(proto, path)
             else:
                 torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, input_names=names, **kw)
+                _add_tuple_shapes(path, model, inputs)
     except (TargetError, InputError):
         raise
     except Exception as e:
@@ -230,20 +230,34 @@ def _input_names(model: torch.nn.Module, n: int) -> list[str]:
     return names + [f"input_{i}" for i in range(len(names), n)]
 
 
-def _stamp_scopes(proto: Any, ep: Any) -> None:
-    """Write each node's module chain, with call indices, into `tensorprobe.scope` metadata."""
+def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, inputs: tuple) -> None:
+    """Write each node's module chain into `tensorprobe.scope` metadata, named as PyTorch capture names it.
+
+    Paths are canonical (a module shared by several parents keeps its first name, as in
+    `named_modules()`), call indices count calls of the module object in execution order, and the
+    output shapes of modules returning several tensors go into the model's metadata.
+    """
     import json
 
+    canonical: dict[int, str] = {}
+    alias: dict[str, str] = {}
+    for path, mod in model.named_modules(remove_duplicate=False):
+        alias[path] = canonical.setdefault(id(mod), path)
+    instances: dict[tuple[str, str], int] = {}
+    calls: dict[str, int] = {}
     chains: dict[str, list[tuple[str, int]]] = {}
     for node in ep.graph.nodes:
-        stack = node.meta.get("nn_module_stack") or {}
         chain = []
-        for key, val in stack.items():
+        for key, val in (node.meta.get("nn_module_stack") or {}).items():
             path = val[0] if isinstance(val, tuple) else ""
             if not path:
                 continue
-            call = int(key.rsplit("@", 1)[1]) if "@" in key and key.rsplit("@", 1)[1].isdigit() else 0
-            chain.append((path, call))
+            canon = alias.get(path, path)
+            inst = (path, key)
+            if inst not in instances:
+                instances[inst] = calls.get(canon, -1) + 1
+                calls[canon] = instances[inst]
+            chain.append((canon, instances[inst]))
         chains[node.name] = chain
     fx_name = re.compile(r"^%(\S+) :")
     for node in proto.graph.node:
@@ -252,6 +266,47 @@ def _stamp_scopes(proto: Any, ep: Any) -> None:
         if m and m.group(1) in chains:
             entry = node.metadata_props.add()
             entry.key, entry.value = SCOPE_KEY, json.dumps(chains[m.group(1)])
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(tuple_output_shapes(model, inputs))
+
+
+def _add_tuple_shapes(path: Path, model: torch.nn.Module, inputs: tuple) -> None:
+    import json
+
+    import onnx
+
+    proto = onnx.load(str(path))
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(tuple_output_shapes(model, tuple(inputs)))
+    _save(proto, path)
+
+
+def tuple_output_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list[list[int]]]:
+    """{"path@call": [shape, ...]} for every module call that returns more than one tensor (one forward)."""
+    from torch.utils._pytree import tree_flatten
+
+    shapes: dict[str, list[list[int]]] = {}
+    calls: dict[str, int] = {}
+    handles = []
+
+    def hook(path: str):
+        def fn(module: Any, args: Any, output: Any) -> None:
+            call = calls.get(path, -1) + 1
+            calls[path] = call
+            flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+            if len(flat) > 1:
+                shapes[f"{path}@{call}"] = [list(t.shape) for t in flat]
+        return fn
+
+    for path, mod in model.named_modules():
+        handles.append(mod.register_forward_hook(hook(path)))
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return shapes
 
 
 def _save(proto: Any, path: Path) -> None:
@@ -357,8 +412,8 @@ def with_outputs(model: Any, values: list[str]) -> Any:
     return out
 
 
-def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, int]:
-    """Bytes of each value, from ONNX shape inference with the concrete input shapes."""
+def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+    """Bytes and shape of each value, from ONNX shape inference with the concrete input shapes."""
     import onnx
 
     light = onnx.ModelProto()
@@ -380,18 +435,20 @@ def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> dict[str, int]:
     except Exception:
         inferred = light
     sizes: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         t = vi.type.tensor_type
-        if t.elem_type and all(d.HasField("dim_value") for d in t.shape.dim):
+        if t.elem_type and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in t.shape.dim)
             item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
-            sizes[vi.name] = int(np.prod([d.dim_value for d in t.shape.dim], dtype=np.int64)) * item
+            sizes[vi.name] = int(np.prod(shapes[vi.name], dtype=np.int64)) * item
     for name, arr in feeds.items():
         sizes[name] = arr.nbytes
     for node in model.graph.node:  # unknown: as large as the largest input of the node
         guess = max((sizes.get(v, 0) for v in node.input), default=0)
         for o in node.output:
             sizes.setdefault(o, guess)
-    return sizes
+    return sizes, shapes
 
 
 def default_budget() -> int:

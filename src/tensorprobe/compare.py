@@ -1,0 +1,172 @@
+"""`compare`: run a model in PyTorch and in another runtime, and say where the runtime goes wrong.
+
+One call does the whole everyday job of a port: a module-level PyTorch capture (keep="full") as the
+reference, a capture in the runtime (every intermediate, named by PyTorch module path), a diff of the
+two, and the first non-finite value on each side.
+
+    >>> import tensorprobe as tp
+    >>> res = tp.compare(model, inputs, runtime="onnxruntime", out="cmp")       # doctest: +SKIP
+    >>> print(res.summary)                                                      # doctest: +SKIP
+    onnxruntime diverges from PyTorch at generator.conv_post (SNR 12.0 dB); 279 records compared.
+    >>> res.first_divergence                                                    # doctest: +SKIP
+    'generator.conv_post'
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .bundle import Bundle
+from .errors import InputError
+from .nan import NanOrigin, find_nonfinite_in_bundle
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """What `compare` found (JSON schema: docs/json-compare.md)."""
+
+    runtime: str
+    runtime_info: dict[str, Any]
+    ref_bundle: str
+    cand_bundle: str
+    compared: int                      # reference records paired with a runtime record
+    first_divergence: str | None       # first reference record (execution order) whose pair fails
+    ref_nan: NanOrigin
+    cand_nan: NanOrigin
+    diff: Any                          # tensorprobe.diff.DiffReport
+    summary: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def finding(self) -> bool:
+        """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not."""
+        return self.first_divergence is not None or (self.cand_nan.found and not self.ref_nan.found)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "runtime": self.runtime, "runtime_info": self.runtime_info, "ref_bundle": self.ref_bundle,
+            "cand_bundle": self.cand_bundle, "compared": self.compared, "first_divergence": self.first_divergence,
+            "finding": self.finding, "summary": self.summary, "notes": list(self.notes),
+            "ref_nan": self.ref_nan.to_dict(), "cand_nan": self.cand_nan.to_dict(), "diff": self.diff.to_dict(),
+        }
+
+
+def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxruntime", *,
+            out: str | os.PathLike | None = None, min_snr: float | None = None, min_corr: float | None = None,
+            atol: float | None = None, rtol: float | None = None, rules: Any = None,
+            artifact: str | os.PathLike | None = None, runtime_options: dict[str, Any] | None = None,
+            progress: Callable[[str], None] | None = None) -> CompareResult:
+    """Capture `model` in PyTorch and in `runtime`, diff them, find the first NaN on each side.
+
+    Args:
+        model, inputs: the PyTorch model and its positional inputs.
+        runtime: a registered runtime name (`tensorprobe.runtimes.runtime_names()`).
+        out: directory for the two bundles (`OUT/ref`, `OUT/<runtime>`); default a temporary directory
+            (the bundles are then gone after the call; the result keeps every figure).
+        min_snr, min_corr, atol, rtol, rules: passed to `tensorprobe.diff` (default: 60 dB SNR).
+        artifact: an already exported artifact of `model` (e.g. `model.onnx`) to run instead of exporting;
+            its inputs are `inputs` in graph-input order.
+        runtime_options: passed to the runtime's `capture` (e.g. `{"exporter": "legacy"}`).
+        progress: called with a short description of each stage.
+
+    Returns:
+        A `CompareResult`; `result.finding` is True on a divergence or a NaN born in the runtime only.
+
+    Example:
+        >>> res = compare(model, (x,), "onnxruntime", runtime_options={"exporter": "legacy"})  # doctest: +SKIP
+        >>> res.cand_nan.record                                                              # doctest: +SKIP
+        'generator/Div.0'
+    """
+    from .capture import capture
+    from .diff import diff
+    from .runtimes import get_runtime
+
+    if isinstance(inputs, dict):
+        raise InputError("compare needs positional inputs (a tuple), not keyword inputs")
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    adapter = get_runtime(runtime)
+    adapter.require()
+    step = progress or (lambda text: None)
+    with _outdir(out) as root:
+        step("capturing the PyTorch reference")
+        ref = capture(model, *inputs, level="module", keep="full", out=root / "ref")
+        step(f"capturing in {runtime}")
+        opts = runtime_options or {}
+        if artifact is not None:
+            cand = adapter.capture_artifact(artifact, inputs, out=root / runtime, keep="full", **opts)
+        else:
+            cand = adapter.capture(model, inputs, out=root / runtime, keep="full", **opts)
+        step("comparing")
+        report = diff(ref, module_view(cand), min_snr=min_snr, min_corr=min_corr, atol=atol, rtol=rtol,
+                      rules=rules, progress=None)
+        ref_nan, cand_nan = find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand)
+        first = report.first_divergence
+        notes = _notes(ref, cand, report)
+        return CompareResult(
+            runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
+            compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan, diff=report,
+            summary=_summary(runtime, report, ref_nan, cand_nan), notes=notes)
+
+
+def module_view(bundle: Bundle) -> Bundle:
+    """The module-level records of a runtime bundle (names without an `/<op>.<k>` part).
+
+    A PyTorch module capture has no op records; leaving the runtime's op records out keeps `diff`
+    from pairing them by order with reference records that have no runtime counterpart.
+    """
+    keep = [r for r in bundle.records if "/" not in r.name]
+    return Bundle(bundle.path, bundle.manifest, keep, bundle._source)
+
+
+def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin) -> str:
+    parts = []
+    if cand_nan.found and not ref_nan.found:
+        parts.append(f"{runtime} produces non-finite values that PyTorch does not: first at {cand_nan.record}"
+                     + (f" ({cand_nan.output.stats.channel_pattern()})"
+                        if cand_nan.output and cand_nan.output.stats.channel_pattern() else "") + ".")
+    elif ref_nan.found:
+        parts.append(f"PyTorch itself produces non-finite values, first at {ref_nan.record}.")
+    if report.first_divergence:
+        p = next(x for x in report.pairs if x.name == report.first_divergence)
+        snr = p.metrics.get("snr_db")
+        corr = p.metrics.get("pearson")
+        figs = ", ".join(f for f in (f"SNR {snr:.1f} dB" if isinstance(snr, float) else "",
+                                     f"correlation {corr:.5f}" if isinstance(corr, float) else "") if f)
+        parts.append(f"{runtime} diverges from PyTorch first at {report.first_divergence}"
+                     + (f" ({figs})" if figs else "") + f"; {len(report.pairs)} records compared.")
+    else:
+        parts.append(f"{runtime} matches PyTorch on all {len(report.pairs)} compared records.")
+    return " ".join(parts)
+
+
+def _notes(ref: Bundle, cand: Bundle, report: Any) -> tuple[str, ...]:
+    notes = []
+    unmatched = [n for n in report.ref_only if not n.startswith("input.")]
+    if unmatched:
+        notes.append(f"{len(unmatched)} reference records have no {cand.runtime.get('name', 'runtime')} "
+                     f"counterpart (identity modules like Dropout, values merged by the exporter's optimizer, "
+                     f"unused tuple outputs), e.g. {', '.join(unmatched[:3])}")
+    return tuple(notes)
+
+
+class _outdir:
+    def __init__(self, out: str | os.PathLike | None):
+        self.out = out
+        self.tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> Path:
+        if self.out is not None:
+            Path(self.out).mkdir(parents=True, exist_ok=True)
+            return Path(self.out)
+        self.tmp = tempfile.TemporaryDirectory(prefix="tensorprobe-compare-")
+        return Path(self.tmp.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.tmp is not None:
+            self.tmp.cleanup()

@@ -1,0 +1,217 @@
+"""ONNX Runtime adapter, run for real: the Kokoro decoder exported, captured and compared with PyTorch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tensorprobe.errors import InputError, RuntimeUnavailable
+from tensorprobe.runtimes import get_runtime
+from tensorprobe.runtimes.base import RuntimeAdapter
+
+pytest.importorskip("onnxruntime", reason="needs the onnx extra: pip install 'tensorprobe[onnx]'")
+pytest.importorskip("onnxscript", reason="needs the onnx extra: pip install 'tensorprobe[onnx]'")
+import onnx  # noqa: E402
+
+from tensorprobe.capture import capture  # noqa: E402
+from tensorprobe.compare import compare, module_view  # noqa: E402
+from tensorprobe.diff import diff  # noqa: E402
+from tensorprobe.runtimes.onnxruntime import export_onnx  # noqa: E402
+
+pytestmark = pytest.mark.onnx
+
+
+class _Tiny(torch.nn.Module):
+    """Two calls of one block, a ModuleList, a tuple-returning block, and atan2 at the root."""
+
+    def __init__(self):
+        super().__init__()
+        self.blk = _Block()
+        self.blocks = torch.nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x):
+        a, b = self.blk(x)
+        c, _ = self.blk(a)
+        for bl in self.blocks:
+            c = bl(c)[0]
+        return torch.atan2(c, b)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.lin(x)) * 2, x + 1
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return _Tiny().eval(), (torch.randn(4, 8),)
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_tiny_model_names_match_pytorch(tiny, tmp_path, exporter):
+    model, inputs = tiny
+    ref = capture(model, *inputs, level="module", keep="full")
+    b = get_runtime("onnxruntime").capture(model, inputs, out=tmp_path / "ort", exporter=exporter)
+    assert b.runtime["exporter"] == exporter
+    for name in ["blk.lin", "blk.act", "blk:0", "blk:1", "blk.lin@1", "blk.act@1", "blocks.1.lin"]:
+        np.testing.assert_allclose(b.numpy(name), ref.numpy(name), rtol=1e-5, atol=1e-6, err_msg=name)
+    # atan2(+0, negative): PyTorch gives +pi, the ONNX decomposition -pi; equal modulo 2*pi
+    wrapped = np.angle(np.exp(1j * (b.numpy("<root>") - ref.numpy("<root>"))))
+    assert np.abs(wrapped).max() < 1e-5
+    assert b["blk.lin@1"].runtime_name and b["blk.lin@1"].inputs == ("blk:0",)
+    assert "angle" in b["<root>"].tags
+
+
+def test_segmented_run_equals_single_run(tiny, tmp_path):
+    model, inputs = tiny
+    ort = get_runtime("onnxruntime")
+    one = ort.capture(model, inputs, out=tmp_path / "one")
+    seg = ort.capture(model, inputs, out=tmp_path / "seg", max_bytes=1)   # forces one segment per node
+    assert ort.last_run["session_runs"] > 5
+    assert [r.name for r in seg] == [r.name for r in one]
+    for r in one:
+        np.testing.assert_array_equal(seg.numpy(r.name), one.numpy(r.name))
+
+
+def test_legacy_exporter_atan2_nan_is_found_by_compare(tmp_path):
+    class Phase(torch.nn.Module):
+        def forward(self, x):
+            return torch.atan2(x * 0, x * 0) + x     # atan2(0, 0) = 0 in PyTorch
+
+    res = compare(Phase(), (torch.ones(2, 3),), "onnxruntime", out=tmp_path,
+                  runtime_options={"exporter": "legacy"})
+    assert not res.ref_nan.found
+    assert res.cand_nan.found and res.cand_nan.record == "<root>/Div.0"
+    assert res.first_divergence == "<root>" and res.finding
+
+
+def test_mapping_rules_name_unnamed_nodes(tiny, tmp_path):
+    model, inputs = tiny
+    path = export_onnx(model, inputs, tmp_path / "m.onnx", exporter="legacy")
+    m = onnx.load(str(path))
+    for i, node in enumerate(m.graph.node):       # what a hand-built or renamed graph looks like
+        node.name = f"{node.name.strip('/').split('/')[0]}_op{i}" if node.name.count("/") > 1 else f"root_op{i}"
+    onnx.save(m, str(path))
+    rules = tmp_path / "rules.txt"
+    rules.write_text("# node name -> module\n^(blocks\\.\\d+)_op\\d+$ -> \\1\n")
+    b = get_runtime("onnxruntime").capture_artifact(path, {"x": inputs[0]}, out=tmp_path / "b", rules=rules)
+    ref = capture(model, *inputs, level="module", keep="full")
+    assert "blocks" not in b      # a ModuleList is never called: only the ruled module gets a record
+    for name in ["blocks.0:0", "blocks.1:0"]:    # _Block returns a tuple: slot 0 by shape and order
+        np.testing.assert_allclose(b.numpy(name), ref.numpy(name), rtol=1e-5, err_msg=name)
+    assert b["blocks.1:0"].inputs == ("blocks.1/Relu.0",)
+
+
+def test_bad_inputs_are_one_clear_error(tiny, tmp_path):
+    model, inputs = tiny
+    path = export_onnx(model, inputs, tmp_path / "m.onnx")
+    ort = get_runtime("onnxruntime")
+    with pytest.raises(InputError, match=r"missing \['x'\].*the graph takes x\[4,8\] float32"):
+        ort.capture_artifact(path, {"y": inputs[0]}, out=tmp_path / "b")
+    with pytest.raises(InputError, match="got int64, the graph expects float32"):
+        ort.capture_artifact(path, {"x": np.zeros((4, 8), dtype=np.int64)}, out=tmp_path / "b")
+
+
+def test_missing_runtime_names_the_extra():
+    class Missing(RuntimeAdapter):
+        name, package, extra = "fake", "tensorprobe_no_such_runtime_pkg", "onnx"
+
+    with pytest.raises(RuntimeUnavailable, match=r"pip install 'tensorprobe\[onnx\]'"):
+        Missing.require()
+    with pytest.raises(RuntimeUnavailable, match=r"pip install 'tensorprobe\[onnx\]'"):
+        Missing().capture(torch.nn.Identity(), (torch.ones(1),), out="unused")
+
+
+# ---- the Kokoro decoder --------------------------------------------------------------------------------
+def _exportable_decoder(kokoro):
+    """The Kokoro decoder as an ONNX port builds it: conv-based STFT (no complex ops), weight norm folded,
+    and the "stable" source (silent sine, zero bias) so that the random source ops don't change the output."""
+    from kokoro.custom_stft import CustomSTFT
+
+    model = kokoro.build_decoder()
+    g = model.generator
+    g.stft = CustomSTFT(filter_length=kokoro.ISTFTNET["gen_istft_n_fft"], hop_length=kokoro.ISTFTNET["gen_istft_hop_size"],
+                        win_length=kokoro.ISTFTNET["gen_istft_n_fft"])
+    with torch.no_grad():
+        g.m_source.l_linear.bias.zero_()
+    for mod in model.modules():
+        if hasattr(mod, "weight_g"):
+            torch.nn.utils.remove_weight_norm(mod)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def kokoro_onnx(kokoro, tmp_path_factory):
+    root = tmp_path_factory.mktemp("kokoro_onnx")
+    model = _exportable_decoder(kokoro)
+    inputs = kokoro.decoder_inputs(0.25)
+    path = export_onnx(model, inputs, root / "decoder.onnx")
+    ref = capture(model, *inputs, level="module", keep="full", out=root / "ref")
+    return model, inputs, path, ref, root
+
+
+def _rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+
+
+@pytest.mark.slow
+def test_kokoro_decoder_every_mapped_record_matches(kokoro_onnx):
+    model, inputs, path, ref, root = kokoro_onnx
+    b = get_runtime("onnxruntime").capture_artifact(path, inputs, out=root / "ort")
+    mapped = [r for r in ref if r.name in b and r.kind == "output"]
+    assert len(mapped) >= 250, len(mapped)
+    assert "generator.noise_res.0.adain1.0.norm" in b
+    assert b["generator.noise_res.0.adain1.0.norm"].op == "InstanceNormalization"
+    assert "encode.actv@2" in b     # a LeakyReLU shared by every block: named as PyTorch names its calls
+    bad = {r.name: _rel_err(ref.numpy(r.name), b.numpy(r.name)) for r in mapped}
+    bad = {k: v for k, v in bad.items() if not v < 1e-4}
+    assert not bad, bad
+
+
+@pytest.mark.slow
+def test_scaled_initializer_first_divergence(kokoro_onnx):
+    model, inputs, path, ref, root = kokoro_onnx
+    m = onnx.load(str(path))
+    init = next(i for i in m.graph.initializer if i.name == "decode.1.conv1.bias")
+    arr = onnx.numpy_helper.to_array(init) * 1.5 + 0.1
+    init.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), init.name))
+    wrong = root / "wrong.onnx"
+    onnx.save(m, str(wrong))
+    res = compare(model, inputs, "onnxruntime", artifact=wrong, out=root / "cmp_wrong")
+    assert res.first_divergence == "decode.1.conv1"
+    assert res.finding and not res.cand_nan.found
+    assert res.compared >= 250
+    assert "decode.1.conv1" in res.summary
+
+
+@pytest.mark.slow
+def test_int8_dynamic_quantization_per_layer_drop(kokoro_onnx):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model, inputs, path, ref, root = kokoro_onnx
+    q = root / "decoder_int8.onnx"
+    quantize_dynamic(str(path), str(q), weight_type=QuantType.QInt8)
+    ops = {n.op_type for n in onnx.load(str(q)).graph.node}
+    assert {"ConvInteger", "DynamicQuantizeLinear"} <= ops
+    ort = get_runtime("onnxruntime")
+    fp32 = ort.capture_artifact(path, inputs, out=root / "fp32")
+    int8 = ort.capture_artifact(q, inputs, out=root / "int8")
+    assert any(r.dtype in ("uint8", "int32") and r.stats.kind == "int" for r in int8)
+    # the two ONNX files line up by their shared tensor names
+    report = diff(module_view(fp32), module_view(int8), min_corr=0.999)
+    assert len(report.pairs) >= 250
+    drops = {p.name: p.metrics["pearson"] for p in report.pairs if p.metrics.get("pearson") is not None}
+    assert drops["encode.conv1"] < 1.0 and drops["encode.conv1"] > 0.9
+    assert report.first_divergence is not None
+    # and against PyTorch, the per-layer correlation drop is reported layer by layer
+    res = compare(model, inputs, "onnxruntime", artifact=q, out=root / "cmp_int8", min_corr=0.9999)
+    corr = [p.metrics["pearson"] for p in res.diff.pairs if p.name.startswith("decode.")]
+    assert res.first_divergence is not None and min(corr) < 0.9999
