@@ -17,6 +17,7 @@ from .metrics import BLOCK
 _TWO_PI = 2.0 * math.pi
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no "nnan"/"ninf": NaN must stay detectable
 _BIG = 1e300
+PARALLEL_MIN = 1 << 21  # elements: below this one thread is faster than waking the pool
 
 
 @numba.njit(fastmath=_FM, cache=True, nogil=True)
@@ -131,6 +132,19 @@ def _blocks(r, c, shift_r, shift_c, floor, atol, rtol, angle, fast, out_s, out_m
             _block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, angle, out_s, out_m, b)
 
 
+@numba.njit(cache=True, nogil=True)
+def _blocks_serial(r, c, shift_r, shift_c, floor, atol, rtol, angle, fast, out_s, out_m):
+    n = r.shape[0]
+    nb = out_s.shape[0]
+    for b in range(nb):
+        lo = b * BLOCK
+        hi = min(n, lo + BLOCK)
+        if fast:
+            _fast_block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, out_s, out_m, b)
+        else:
+            _block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, angle, out_s, out_m, b)
+
+
 def pair_pass(r: np.ndarray, c: np.ndarray, shift_r: float, shift_c: float, floor: float, atol: float,
               rtol: float, angle: bool) -> tuple[np.ndarray, np.ndarray]:
     """Sums (pairwise over blocks) and maxima of one pass over 1-D float32/float64 arrays."""
@@ -138,12 +152,13 @@ def pair_pass(r: np.ndarray, c: np.ndarray, shift_r: float, shift_c: float, floo
     out_s = np.zeros((nb, 14), np.float64)
     out_m = np.zeros((nb, 3), np.float64)
     atol = min(atol, _BIG)  # fastmath code must never see an infinity
+    run = _blocks if r.shape[0] >= PARALLEL_MIN else _blocks_serial  # threads cost ~ms to wake
     if not angle:
-        _blocks(r, c, shift_r, shift_c, floor, atol, rtol, False, True, out_s, out_m)
+        run(r, c, shift_r, shift_c, floor, atol, rtol, False, True, out_s, out_m)
         sums, maxes = out_s.sum(axis=0), out_m.max(axis=0)
         if np.isfinite(sums).all() and np.isfinite(maxes).all() and maxes[0] < _BIG:
             return sums, maxes
         out_s[:] = 0.0
         out_m[:] = 0.0
-    _blocks(r, c, shift_r, shift_c, floor, atol, rtol, angle, False, out_s, out_m)
+    run(r, c, shift_r, shift_c, floor, atol, rtol, angle, False, out_s, out_m)
     return out_s.sum(axis=0), out_m.max(axis=0)

@@ -3,7 +3,9 @@
 Error gain of a record = its relative L2 error over the largest relative error of its inputs (the
 records it consumed, from `Record.inputs`, the op graph). Gain ≫ 1 marks an amplifier (a `sin` of a
 large accumulated phase, an `exp`); an infinite gain (exact inputs, wrong output) marks a record where
-error *enters*. Bundles without an op graph (a port's dump) use the previous record as the input.
+error *enters*. Bundles without an op graph (a port's dump) use the previous record as the input; so does a record
+whose graph inputs are all exact while an earlier record already carries error (its real input was made
+outside any captured record, as between modules of a module-level capture).
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ def with_gains(results: list[PairResult], ref_records: Sequence[Record]) -> tupl
     for p in results:
         inputs = graph.get(p.name, ()) if has_graph else ((prev,) if prev else ())
         known = [rel[i] for i in inputs if i in rel]
+        if p.rel_err is not None and p.rel_err > 0 and (not known or max(known) == 0) and prev and rel[prev] > 0:
+            # The graph shows only exact inputs (or none) while error is already present upstream: the
+            # tensor that carried it was made outside any captured record (module-level capture).
+            known = [rel[prev]]
         if p.rel_err is not None:
             prev = p.name
         if not known or p.rel_err is None:
@@ -172,7 +178,7 @@ def _fmt_err(p: PairResult) -> str:
         parts.append("SNR inf" if snr == math.inf else f"SNR {snr:.1f} dB")
     if corr is not None:
         parts.append(f"correlation {corr:.6f}")
-    return ", ".join(parts)
+    return ", ".join(parts) or p.status.replace("_", " ")
 
 
 def _gain_words(g: float) -> str:

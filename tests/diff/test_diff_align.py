@@ -1,0 +1,62 @@
+"""Pairing records: exact name, mapping rules, order and shape within a module; one-sided records."""
+
+import pytest
+import torch
+
+from tensorprobe.diff import diff
+from tensorprobe.diff.align import align, load_rules, parse_rule
+from tensorprobe.errors import InputError
+
+
+def test_exact_names_pair_and_one_sided_records_are_reported(make_bundle):
+    x = torch.randn(2, 3)
+    ref = make_bundle([("a", x), ("b", x + 1), ("only_ref", x)])
+    cand = make_bundle([("a", x), ("b", x + 1), ("only_cand", x)])
+    a = align(ref, cand)
+    assert [(p.ref.name, p.method) for p in a.pairs] == [("a", "name"), ("b", "name")]
+    assert [r.name for r in a.ref_only] == ["only_ref"] and [c.name for c in a.cand_only] == ["only_cand"]
+
+
+def test_rules_rename_candidate_names_into_the_reference(make_bundle, tmp_path):
+    x = torch.randn(4)
+    ref = make_bundle([("decoder.generator.conv_post", x), ("decoder.f0_conv", x)])
+    cand = make_bundle([("dec.gen.conv_post", x), ("F0Conv", x)])
+    f = tmp_path / "rules.txt"
+    f.write_text("# port names -> reference names\n\ndec\\.gen\\.(.*)=decoder.generator.\\1\nF0Conv=decoder.f0_conv\n")
+    a = align(ref, cand, load_rules(f))
+    assert {p.ref.name: (p.cand.name, p.method) for p in a.pairs} == {
+        "decoder.generator.conv_post": ("dec.gen.conv_post", "rule"), "decoder.f0_conv": ("F0Conv", "rule")}
+    assert not a.ref_only and not a.cand_only
+
+
+def test_order_and_shape_within_a_module(make_bundle):
+    x, y = torch.randn(2, 8), torch.randn(8)
+    ref = make_bundle([("blk/mul.0", x, {"module": "blk"}), ("blk/add.0", y, {"module": "blk"}),
+                       ("blk/tanh.0", x, {"module": "blk"})])
+    cand = make_bundle([("blk/Mul_1", x, {"module": "blk"}), ("blk/Add_7", y.reshape(1, 8), {"module": "blk"}),
+                        ("blk/Tanh_2", x, {"module": "blk"})])
+    a = align(ref, cand)
+    assert [(p.ref.name, p.cand.name, p.method) for p in a.pairs] == [
+        ("blk/mul.0", "blk/Mul_1", "order"), ("blk/add.0", "blk/Add_7", "order"), ("blk/tanh.0", "blk/Tanh_2", "order")]
+
+
+def test_shape_mismatch_is_a_finding_not_a_crash(make_bundle):
+    ref = make_bundle([("a", torch.randn(2, 3)), ("b", torch.randn(3))])
+    cand = make_bundle([("a", torch.randn(3, 2)), ("b", torch.randn(3))])
+    r = diff(ref, cand)
+    assert r.shape_mismatches == ("a",) and r.first_divergence == "a" and not r.passed
+    assert "shape (2, 3) vs (3, 2)" in r.pair("a").reasons[0]
+
+
+@pytest.mark.parametrize("text,msg", [("no-equals", "expected PATTERN=REPLACEMENT"),
+                                      ("a(b=c", "invalid regular expression"), ("=x", "empty pattern")])
+def test_bad_rules_give_one_clear_error(text, msg):
+    with pytest.raises(InputError, match=msg):
+        parse_rule(text)
+
+
+def test_rules_file_errors_name_the_line(tmp_path):
+    f = tmp_path / "r.txt"
+    f.write_text("ok=fine\nbroken(=x\n")
+    with pytest.raises(InputError, match=r"r.txt:2: .*invalid regular expression"):
+        load_rules(f)

@@ -1,0 +1,120 @@
+"""The one-pass metrics against a float64 NumPy computation, on random and large data."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tensorprobe.diff import metrics as M
+from tensorprobe.diff.db import db_error
+
+
+def reference(r, c):
+    """The obvious float64 NumPy computation (one pass per metric)."""
+    r, c = r.astype(np.float64).ravel(), c.astype(np.float64).ravel()
+    d = c - r
+    return {
+        "max_abs_err": np.abs(d).max(), "mean_abs_err": np.abs(d).mean(),
+        "cosine": float(r @ c / math.sqrt((r @ r) * (c @ c))), "pearson": float(np.corrcoef(r, c)[0, 1]),
+        "snr_db": 10 * math.log10((r @ r) / (d @ d)), "rel_l2_err": math.sqrt((d @ d) / (r @ r)),
+    }
+
+
+def check(r, c, rtol=1e-10, **kw):
+    got = M.compare(r, c, shift_r=float(r.mean()), shift_c=float(c.mean()), floor=1e-30, **kw)
+    for k, v in reference(r, c).items():
+        assert got[k] == pytest.approx(v, rel=rtol), k
+    return got
+
+
+@pytest.mark.parametrize("offset,scale", [(0.0, 1e-3), (100.0, 1e-5), (-3.0, 1.0)])
+def test_random_float32_matches_float64_numpy(offset, scale):
+    g = np.random.default_rng(1)
+    r = (g.standard_normal(300_001) + offset).astype(np.float32)
+    c = (r + scale * g.standard_normal(r.size)).astype(np.float32)
+    check(r, c)
+
+
+def test_large_tensor_exact_where_float32_sums_are_not():
+    # 2^24 elements with a large mean: float32 accumulation drifts; the float64 block sums do not.
+    g = np.random.default_rng(2)
+    n = 1 << 24
+    r = (1000.0 + g.standard_normal(n, dtype=np.float32))
+    c = r + np.float32(1e-3) * g.standard_normal(n, dtype=np.float32)
+    got = check(r, c, rtol=1e-9)
+    assert got["cosine"] <= 1.0
+
+
+def test_torch_fallback_gives_the_same_sums(monkeypatch):
+    g = np.random.default_rng(3)
+    r = g.standard_normal(50_000).astype(np.float32)
+    c = r + 1e-4 * g.standard_normal(r.size).astype(np.float32)
+    c[7] = np.nan
+    fast = M.compare(r, c, floor=1e-30)
+    monkeypatch.setattr(M, "_KERNEL", None)
+    slow = M.compare(r, c, floor=1e-30)
+    for k in fast:
+        assert fast[k] == pytest.approx(slow[k], rel=1e-10), k
+
+
+def test_nonfinite_counted_and_excluded():
+    r = np.arange(1, 11, dtype=np.float32)
+    c = r.copy()
+    c[2] = np.nan
+    c[5] = np.inf
+    s = M.accumulate(r, c, floor=1e-30)
+    assert s.nonfinite_mismatch == 2 and s.n_both == 8
+    m = M.evaluate(s)
+    assert m["cand_finite_frac"] == pytest.approx(0.8) and m["ref_finite_frac"] == 1.0
+    assert m["max_abs_err"] == 0.0 and m["snr_db"] == math.inf
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32])
+def test_other_dtypes(dtype):
+    r = torch.arange(-500, 500).to(dtype)
+    c = (r.double() * 1.01).to(dtype)
+    got = M.compare(r, c, floor=1e-30)
+    want = reference(r.double().numpy(), c.double().numpy())
+    assert got["snr_db"] == pytest.approx(want["snr_db"], rel=1e-9)
+
+
+def test_complex_compared_as_real_pairs():
+    r = torch.randn(100, dtype=torch.complex64)
+    got = M.compare(r, r * 1.001)
+    assert got["snr_db"] == pytest.approx(60.0, abs=1e-3)
+
+
+def test_angles_wrap_and_count_flips():
+    r = np.array([3.14, -3.14, 0.5, 1.0], np.float64)
+    c = np.array([-3.14, 3.14, 0.5, 1.0], np.float64)  # same angles across the branch cut (±π)
+    s = M.accumulate(r, c, angle=True, floor=1e-30)
+    assert s.flips == 2
+    assert M.evaluate(s)["max_abs_err"] == pytest.approx(2 * math.pi - 6.28, abs=1e-9)
+    assert s.raw_max_abs == pytest.approx(6.28)
+
+
+def test_allclose_violations_counted():
+    r = np.ones(10, np.float32)
+    c = r.copy()
+    c[:3] += 1e-3
+    s = M.accumulate(r, c, atol=1e-5, rtol=1e-4, floor=1e-30)
+    assert s.violations == 3
+
+
+def test_metric_registry_is_extensible():
+    M.metric("energy_ratio_test")(lambda s: s.energy_cand() / s.energy_ref())
+    try:
+        assert M.compare(np.ones(4), 2 * np.ones(4))["energy_ratio_test"] == pytest.approx(4.0)
+    finally:
+        del M.METRICS["energy_ratio_test"]
+
+
+def test_db_error_like_seed_004():
+    r = torch.tensor([1.0, 10.0, 100.0])
+    d = db_error(r, r * 10 ** (1 / 20), "mag")  # every bin 1 dB louder
+    assert (d.mean_abs_db, d.median_abs_db, d.max_abs_db) == pytest.approx((1.0, 1.0, 1.0))
+    logmel = torch.log(r)
+    assert db_error(logmel, logmel + 0.1, "auto").scale == "mag"  # all >= 0 here
+    neg = -logmel - 1
+    assert db_error(neg, neg + 0.1).scale == "ln"
