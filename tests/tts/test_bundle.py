@@ -1,0 +1,83 @@
+"""A recorded run (stage names as tensor names) checked from .npz and .safetensors, and via the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import safetensors.numpy
+from typer.testing import CliRunner
+
+from tensorprobe.cli import app
+from tensorprobe.errors import BundleError, InputError
+from tensorprobe.tts import check_stages, load_stages, save_stages
+from tensorprobe.tts.kokoro import KOKORO_VOCAB
+
+runner = CliRunner()
+
+
+def good_audio():
+    tt = np.arange(24000) / 24000
+    return (0.3 * np.sin(2 * np.pi * 150 * tt) * np.sin(2 * np.pi * 2 * tt)).astype(np.float32)
+
+
+def test_save_and_check_npz(tmp_path):
+    p = save_stages(tmp_path / "run.npz", text="Hello", phonemes="həlˈO", vocab=KOKORO_VOCAB,
+                    ids=np.array([0, 50, 83, 54, 156, 31, 0]), embedding_size=178,
+                    durations=np.array([3, 5, 6, 4, 1, 7, 3]), audio=good_audio(), sample_rate=24000)
+    stages, _ = load_stages(p)
+    assert stages["phonemes"] == "həlˈO" and stages["vocab"]["ɹ"] == 123
+    r = check_stages(p)
+    assert r.status == "ok", r.findings
+    assert list(r.summaries) == ["text", "phonemes", "ids", "durations", "audio"]
+
+
+def test_bad_run_names_the_first_bad_stage(tmp_path):
+    p = save_stages(tmp_path / "bad.npz", phonemes="həlˈO", vocab=KOKORO_VOCAB, embedding_size=178,
+                    ids=np.array([0, 50, 183, 54, 0]), mel=np.full((80, 30), -4.0, np.float32),
+                    audio=np.zeros(24000, np.float32), sample_rate=24000)
+    r = check_stages(p)
+    assert r.first_bad_stage == "ids"
+    assert [(f.stage, f.check) for f in r.errors] == [("ids", "out_of_range"), ("mel", "near_constant"),
+                                                      ("audio", "silence")]
+
+
+def test_safetensors_with_aliases_and_other_tensors(tmp_path):
+    p = tmp_path / "run.safetensors"
+    safetensors.numpy.save_file({"input_ids": np.array([0, 5, 7, 0], dtype=np.int64),
+                                 "pred_dur": np.array([2, 9000, 3, 2], dtype=np.int64),
+                                 "encoder_out": np.array([[1.0, np.nan]], dtype=np.float32)}, str(p))
+    r = check_stages(p, embedding_size=178)
+    assert {(f.stage, f.check) for f in r.errors} == {("durations", "extreme"), ("encoder_out", "non_finite")}
+
+
+def test_audio_without_sample_rate_is_bad_input(tmp_path):
+    p = save_stages(tmp_path / "x.npz", audio=good_audio())
+    with pytest.raises(InputError, match="sample_rate"):
+        check_stages(p)
+
+
+def test_broken_vocab_is_a_bundle_error(tmp_path):
+    p = save_stages(tmp_path / "x.npz", vocab="not json")
+    with pytest.raises(BundleError, match="vocab"):
+        check_stages(p)
+
+
+def test_cli_tts_check_exit_codes(tmp_path):
+    good = save_stages(tmp_path / "good.npz", phonemes="həlˈO", ids=np.array([0, 50, 83, 54, 156, 31, 0]),
+                       audio=good_audio(), sample_rate=24000)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"n_token": 178, "vocab": KOKORO_VOCAB}, ensure_ascii=False), encoding="utf-8")
+    res = runner.invoke(app, ["tts", "check", str(good), "--vocab", str(cfg), "--embedding-size", "178"])
+    assert res.exit_code == 0, res.output
+    bad = save_stages(tmp_path / "bad.npz", ids=np.array([0, 500, 0]))
+    res = runner.invoke(app, ["tts", "check", str(bad), "--embedding-size", "178", "--json"])
+    assert res.exit_code == 1
+    doc = json.loads(res.stdout)
+    assert doc["command"] == "tts check" and doc["report"]["first_bad_stage"] == "ids"
+    res = runner.invoke(app, ["tts", "check", str(tmp_path / "missing.npz")])
+    assert res.exit_code == 2 and "no such file" in " ".join(res.output.split())
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    res = runner.invoke(app, ["tts", "check", str(tmp_path / "junk.npz")])
+    assert res.exit_code == 2 and "Traceback" not in res.output
