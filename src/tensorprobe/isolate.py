@@ -225,6 +225,10 @@ class IsolateReport:
     def inherited_layers(self) -> list[str]:
         return [x.name for x in self.layers if x.verdict == INHERITED]
 
+    def local_snr(self) -> dict[str, float]:
+        """Local error per record name as SNR dB, for `report.html.write_diff_html(..., local_snr=...)`."""
+        return {x.name: x.local["snr_db"] for x in self.layers if x.local and x.local.get("snr_db") is not None}
+
     def summary(self) -> str:
         n = len(self.layers)
         if self.first_local is None:

@@ -14,6 +14,8 @@ from . import core  # noqa: F401,E402
 from . import audio  # noqa: F401,E402
 from . import tts  # noqa: F401,E402
 from . import diff  # noqa: F401,E402
+from . import isolate  # noqa: F401,E402
+from . import rng  # noqa: F401,E402
 
 
 def main() -> None:

@@ -1,0 +1,112 @@
+"""One self-contained HTML page for an `IsolateReport`: summary, a plot of accumulated and local error per
+layer (SNR dB, execution order), and the table of layers. No network needed to open it; names escaped.
+
+    >>> write_isolate_html(report, "isolate.html")          # doctest: +SKIP
+
+To put the local error on `diff`'s own report instead: `write_diff_html(diff_report, path,
+local_snr=report.local_snr())` (tensorprobe.report.html).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from jinja2 import Environment, select_autoescape
+
+from .bundle import atomic_write_bytes
+from .isolate import IsolateReport
+
+SNR_CAP = 160.0
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tensorprobe isolate: {{ verdict }}</title>
+<style>
+ body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 1150px; color: #222; padding: 0 1rem; }
+ .verdict { font-weight: 600; padding: .35rem .7rem; border-radius: 4px; display: inline-block; }
+ .local { background: #fde4e1; color: #8a1c0c; } .inherited { background: #fff3cd; color: #6b4e00; }
+ .ok { background: #e3f5e5; color: #145a1e; }
+ img { max-width: 100%; } code { background: #f3f3f3; padding: 0 .25rem; }
+ table { border-collapse: collapse; width: 100%; font-size: .85rem; }
+ th { background: #f7f7f7; text-align: left; padding: .25rem .4rem; border-bottom: 2px solid #ccc; }
+ td { padding: .15rem .4rem; border-bottom: 1px solid #eee; } td.n { text-align: right; }
+ tr.v-local td.v { color: #b3261e; font-weight: 600; } tr.v-inherited td.v { color: #8a6d00; }
+ .muted { color: #777; font-size: .9rem; }
+</style></head><body>
+<h1>tensorprobe isolate</h1>
+<p class="muted">{{ title }}</p>
+<p><span id="verdict" class="verdict {{ verdict }}">{{ verdict_words }}</span></p>
+<p id="summary">{{ r.summary() }}</p>
+<p class="muted">criteria: {{ criteria }}; runner: {{ r.runner }}; randomness: {{ r.rng or "not replayed" }};
+{{ r.layers | length }} module calls in {{ "%.2f" | format(r.seconds) }} s</p>
+{% for n in r.notes %}<p class="muted">{{ n }}</p>{% endfor %}
+<h2>Error per layer</h2>
+<p class="muted">Accumulated: the candidate's own run against the reference. Local: each candidate layer run on
+the reference's inputs. SNR of identical tensors is drawn at {{ cap }} dB.</p>
+<img id="layer-plot" alt="accumulated and local SNR per layer" src="{{ plot }}">
+<h2>Layers</h2>
+<table id="layers"><tr><th>#</th><th>layer</th><th>type</th><th>accum. SNR dB</th><th>accum. rel err</th>
+<th>local SNR dB</th><th>local rel err</th><th>verdict</th><th>note</th></tr>
+{% for x in r.layers %}<tr class="v-{{ x.verdict }}"><td class="n">{{ loop.index0 }}</td><td><code>{{ x.name }}</code></td>
+<td>{{ x.module_type }}</td><td class="n">{{ snr(x.accumulated) }}</td><td class="n">{{ rel(x.accumulated) }}</td>
+<td class="n">{{ snr(x.local) }}</td><td class="n">{{ rel(x.local) }}</td><td class="v">{{ x.verdict }}</td>
+<td>{{ (x.local_reasons | join("; ")) or (x.note or "") }}</td></tr>
+{% endfor %}</table>
+</body></html>
+"""
+
+
+def render_isolate_html(report: IsolateReport, *, title: str = "") -> str:
+    """The page as a string (see module docstring)."""
+    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    verdict = "local" if report.found else ("inherited" if report.first_accumulated else "ok")
+    words = {"local": "A LAYER IS WRONG ON ITS OWN", "inherited": "ERROR ACCUMULATES, NO LAYER WRONG ALONE",
+             "ok": "MATCH"}[verdict]
+    crit = ", ".join(f"{k} = {v:g}" for k, v in report.criteria.to_dict().items() if v is not None)
+    return env.from_string(_TEMPLATE).render(
+        r=report, title=title, verdict=verdict, verdict_words=words, criteria=crit, cap=int(SNR_CAP),
+        plot=_plot(report), snr=_snr, rel=_rel)
+
+
+def write_isolate_html(report: IsolateReport, path: str | os.PathLike, *, title: str = "") -> Path:
+    """Write the page atomically; returns its path."""
+    p = Path(path)
+    atomic_write_bytes(p, render_isolate_html(report, title=title).encode("utf-8"))
+    return p
+
+
+def _val(m: dict | None) -> float:
+    v = None if m is None else m.get("snr_db")
+    return math.nan if v is None else min(float(v), SNR_CAP)
+
+
+def _snr(m: dict | None) -> str:
+    v = None if m is None else m.get("snr_db")
+    return "–" if v is None else ("∞" if v == math.inf else f"{v:.1f}")
+
+
+def _rel(m: dict | None) -> str:
+    v = None if m is None else m.get("rel_l2_err")
+    return "–" if v is None else f"{v:.2e}"
+
+
+def _plot(report: IsolateReport) -> str:
+    from .report.plots import figure_to_data_uri, new_figure
+
+    fig, ax = new_figure(10.0, 3.6)
+    x = list(range(len(report.layers)))
+    ax.plot(x, [_val(layer.accumulated) for layer in report.layers], lw=1.2, color="#1f77b4",
+            label="accumulated error: SNR dB")
+    ax.plot(x, [_val(layer.local) for layer in report.layers], lw=1.0, ls="--", marker=".", color="#2ca02c",
+            label="local error (isolate): SNR dB")
+    snr_min = report.criteria.min_snr
+    if snr_min is not None:
+        ax.axhline(snr_min, color="#999", lw=0.8, ls=":", label=f"criterion {snr_min:g} dB")
+    if report.first_local is not None:
+        i = next(i for i, layer in enumerate(report.layers) if layer.name == report.first_local)
+        ax.axvline(i, color="#d62728", lw=1.0, label=f"first local failure: {report.first_local}")
+    ax.set_xlabel("module call (execution order)")
+    ax.set_ylabel("SNR dB")
+    ax.legend(loc="lower left", fontsize=8)
+    return figure_to_data_uri(fig)
