@@ -81,3 +81,18 @@ def test_cli_tts_check_exit_codes(tmp_path):
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     res = runner.invoke(app, ["tts", "check", str(tmp_path / "junk.npz")])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+def test_tensorprobe_bundle_directory(tmp_path):
+    import torch
+
+    from tensorprobe.bundle import BundleWriter
+    from tensorprobe.record import Record
+    from tensorprobe.stats import compute_stats
+
+    with BundleWriter(tmp_path / "run") as w:
+        for i, (name, t) in enumerate([("ids", torch.tensor([0, 5, 300, 0])), ("mel", torch.full((80, 20), -4.0))]):
+            w.add(Record(name=name, module=name, op="tensor", order=i, shape=tuple(t.shape),
+                         dtype=str(t.dtype).replace("torch.", ""), stats=compute_stats(t)), t)
+    r = check_stages(tmp_path / "run", embedding_size=178)
+    assert [(f.stage, f.check) for f in r.findings] == [("ids", "out_of_range"), ("mel", "near_constant")]
