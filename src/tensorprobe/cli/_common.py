@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one error = one line, whatever the width
 
 JSON_SCHEMA_VERSION = 1
 

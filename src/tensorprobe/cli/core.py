@@ -48,6 +48,8 @@ def capture(
     runtime: Optional[str] = typer.Option(None, help="Capture in another runtime (e.g. onnxruntime) instead of PyTorch."),
     inputs: Optional[Path] = typer.Option(None, help=".npz of named inputs, for an artifact TARGET (model.onnx)."),
     record_inputs: bool = typer.Option(False, "--record-inputs", help="Also record each module call's inputs."),
+    replay_rng: Optional[Path] = typer.Option(None, "--replay-rng", metavar="BUNDLE",
+                                              help="Feed random ops the tensors recorded in BUNDLE (or a noise .safetensors), in call order."),
     json_out: bool = JsonOption,
 ) -> None:
     """Capture every intermediate tensor of TARGET into a bundle directory."""
@@ -66,6 +68,7 @@ def capture(
             with progress(f"capturing {target}", enabled=not json_out) as advance:
                 bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
                                       include=include, exclude=exclude, out=out, record_inputs=record_inputs,
+                                      replay_rng=str(replay_rng) if replay_rng else None,
                                       on_record=lambda r: advance(), **tgt.kwargs)
     _report_capture(bundle, time.perf_counter() - t0, json_out)
 
