@@ -455,17 +455,20 @@ def unreplayed_rng_before(report_or_records: Any, divergent: str | None = None, 
         return None
     ancestors = _ancestors(target, by_name)
     ref_recs = {r.name: r for r in ref} if isinstance(ref, Bundle) else {}
-    before = [r for r in recs if r.kind == KIND_RNG and r.order <= target.order]
-    for r in sorted(before, key=lambda r: r.order, reverse=True):
+    before = sorted((r for r in recs if r.kind == KIND_RNG and r.order <= target.order),
+                    key=lambda r: r.order, reverse=True)
+    suspects = []
+    for r in before:
         replayed = TAG_REPLAYED in r.tags
         pearson, differs = _noise_differs(ref, cand, r, ref_recs)
         if differs is False or (differs is None and replayed):
             continue
         direct = r.name == target.name or r.name in target.inputs
-        if ancestors and r.name not in ancestors and r.name != target.name:
-            continue  # the divergence does not depend on this noise (op graph known)
-        return RngSuspect(r.name, r.op, r.source, divergent, direct, pearson, replayed)
-    return None
+        suspects.append(RngSuspect(r.name, r.op, r.source, divergent, direct, pearson, replayed))
+    # Noise the divergence depends on (op graph) first; else the nearest one before it (module-level
+    # captures don't record the functional ops that link them).
+    linked = [s for s in suspects if s.rng == target.name or s.rng in ancestors]
+    return (linked or suspects or [None])[0]
 
 
 def _unpack(obj: Any, divergent: str | None, ref: Any, cand: Any):
