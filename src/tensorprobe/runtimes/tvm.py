@@ -64,7 +64,7 @@ class TvmAdapter(RuntimeAdapter):
         if kernels is not None:
             self.kernels = kernels
         ep, info = export_tapped(model.eval(), inputs, taps=taps)
-        executable, rewrites = compile_program(ep, inputs, target=target, random=random)
+        executable, rewrites = compile_program(ep, inputs, target=target, random=random, n_outputs=info.n_outputs)
         if save:
             save_artifact(executable, info, Path(save))
         return TvmArtifact(executable, info, target, rewrites)
@@ -110,14 +110,15 @@ class TvmAdapter(RuntimeAdapter):
         return [t.numpy() for t in _flatten_tvm(vm["main"](*[tvm.runtime.tensor(_np(x)) for x in inputs]))]
 
 
-def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str = "keep") -> tuple[Any, dict]:
+def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str = "keep",
+                    n_outputs: int | None = None) -> tuple[Any, dict]:
     """Rewrite, import and compile an ExportedProgram for `target`. Returns (executable, rewrite counts)."""
     import tvm
     from tvm.relax.frontend.torch import from_exported_program
 
     rewritten, counts = rewrite_for_import(ep, random=random)
     if counts:
-        check_equivalent(ep, rewritten, inputs)
+        check_equivalent(ep, rewritten, inputs, n_outputs=n_outputs)
     missing = _unsupported(rewritten)
     if missing:
         raise InputError(unsupported_ops_message("TVM Relax", missing, counts))

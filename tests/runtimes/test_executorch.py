@@ -1,0 +1,55 @@
+"""ExecuTorch adapter, run for real (portable kernels and XNNPACK): ETDump + ETRecord + module taps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("executorch", reason="needs the executorch extra: pip install 'tensorprobe[executorch]'")
+
+from tensorprobe.capture import capture  # noqa: E402
+from tensorprobe.diff import diff  # noqa: E402
+from tensorprobe.nan import find_nonfinite_in_bundle  # noqa: E402
+from tensorprobe.runtimes import get_runtime  # noqa: E402
+
+from _export_models import Net, NormConv, mean100_input, nan_channels  # noqa: E402
+
+pytestmark = pytest.mark.executorch
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "executorch-xnnpack"])
+def test_instance_norm_nan_is_found_at_the_norm_with_its_channels(runtime, tmp_path):
+    model, x = NormConv().eval(), mean100_input()
+    b = get_runtime(runtime).capture(model, (x,), out=tmp_path / "et")
+    origin = find_nonfinite_in_bundle(b)
+    # ExecuTorch's portable `_native_batch_norm_legit.no_stats` kernel (instance norm is not delegated to
+    # XNNPACK) computes the variance as E[x²]−E[x]²: channels 4, 6, 8 (mean 100, std < 1e-2) go NaN.
+    # The ETDump debug buffer shows the kernel's own output; ETRecord maps its debug handle to `norm`.
+    assert origin.found and origin.module == "norm"
+    assert origin.record == "norm/_native_batch_norm_legit.0:0"
+    assert b[origin.record].runtime_name.startswith("native_call__native_batch_norm_legit")
+    assert nan_channels(b.numpy(origin.record)) == [4, 6, 8]
+    assert nan_channels(b.numpy("norm")) == [4, 6, 8]          # the module tap, named like PyTorch's capture
+    assert nan_channels(b.numpy("<root>")) == list(range(16))   # the conv spreads NaN to every channel
+
+
+def test_healthy_model_matches_pytorch_record_by_record(tmp_path):
+    model = Net().eval()
+    x = torch.randn(1, 16, 400)
+    with torch.no_grad():  # an identity pre-conv: zero-mean channels, where every variance formula is fine
+        model.pre.bias.zero_()
+        model.pre.weight.copy_(torch.eye(16)[:, :, None])
+    ref = capture(model, x, level="module", keep="full", out=tmp_path / "ref")
+    b = get_runtime("executorch-xnnpack").capture(model, (x,), out=tmp_path / "xnn")
+    report = diff(ref, b, atol=1e-4, rtol=1e-4)
+    names = {p.name for p in report.pairs}
+    assert {"pre", "blocks.0.norm", "blocks.1.act", "post", "<root>"} <= names
+    assert report.passed, report.summary
+
+
+def test_saved_pte_is_captured_again_with_names(tmp_path):
+    model, x = NormConv().eval(), mean100_input()
+    adapter = get_runtime("executorch")
+    adapter.capture(model, (x,), out=tmp_path / "a", save=str(tmp_path / "m.pte"))
+    b = adapter.capture_artifact(tmp_path / "m.pte", (x,), out=tmp_path / "b")
+    assert nan_channels(b.numpy("norm")) == [4, 6, 8]
