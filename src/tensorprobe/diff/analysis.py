@@ -3,9 +3,10 @@
 Error gain of a record = its relative L2 error over the largest relative error of its inputs (the
 records it consumed, from `Record.inputs`, the op graph). Gain ≫ 1 marks an amplifier (a `sin` of a
 large accumulated phase, an `exp`); an infinite gain (exact inputs, wrong output) marks a record where
-error *enters*. Bundles without an op graph (a port's dump) use the previous record as the input; so does a record
-whose graph inputs are all exact while an earlier record already carries error (its real input was made
-outside any captured record, as between modules of a module-level capture).
+error *enters*. Bundles without an op graph (a port's dump) use the previous record as the input. A record whose graph
+shows no input, or only exact ones, while an earlier record already carries error, takes the latest
+erroneous record as its input: its real input was made outside any captured record (code between the
+modules of a module-level capture).
 """
 
 from __future__ import annotations
@@ -55,16 +56,17 @@ def with_gains(results: list[PairResult], ref_records: Sequence[Record]) -> tupl
     rel = {p.name: p.rel_err for p in results if p.rel_err is not None}
     graph = {r.name: r.inputs for r in ref_records}
     has_graph = any(r.inputs for r in ref_records)
-    out, prev = [], None
+    out, prev, carrier = [], None, None  # carrier: the latest record with a non-zero error
     for p in results:
         inputs = graph.get(p.name, ()) if has_graph else ((prev,) if prev else ())
         known = [rel[i] for i in inputs if i in rel]
-        if p.rel_err is not None and p.rel_err > 0 and (not known or max(known) == 0) and prev and rel[prev] > 0:
-            # The graph shows only exact inputs (or none) while error is already present upstream: the
+        if p.rel_err and (not known or max(known) == 0) and (carrier or prev):
+            # No input in the graph, or only exact ones while error is already present upstream: the
             # tensor that carried it was made outside any captured record (module-level capture).
-            known = [rel[prev]]
+            known = [rel[carrier or prev]]
         if p.rel_err is not None:
             prev = p.name
+            carrier = p.name if p.rel_err > 0 else carrier
         if not known or p.rel_err is None:
             out.append(p)
             continue
