@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from audio_signals import SR, sine
+from .audio_signals import SR, sine
 from tensorprobe.audio import Thresholds, check
 from tensorprobe.errors import InputError
 

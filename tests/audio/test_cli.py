@@ -8,7 +8,7 @@ import numpy as np
 import soundfile as sf
 from typer.testing import CliRunner
 
-from audio_signals import SR, sine, speechlike
+from .audio_signals import SR, sine, speechlike
 from tensorprobe.cli import app
 
 runner = CliRunner()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio_signals import SR, sine, speechlike, t
+from .audio_signals import SR, sine, speechlike, t
 from tensorprobe.audio import diff
 from tensorprobe.errors import InputError
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from audio_signals import SR, sine
+from .audio_signals import SR, sine
 from tensorprobe.audio import check_file, load, save
 from tensorprobe.errors import InputError
 

@@ -7,7 +7,7 @@ import torch
 
 from tensorprobe.runtimes.components import STATUS_NONFINITE, STATUS_OK, isolate_components
 
-from _export_models import Net  # noqa: E402
+from ._export_models import Net  # noqa: E402
 
 
 def _runtime_or_skip(name: str, package: str, extra: str):

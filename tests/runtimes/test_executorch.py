@@ -12,7 +12,7 @@ from tensorprobe.diff import diff  # noqa: E402
 from tensorprobe.nan import find_nonfinite_in_bundle  # noqa: E402
 from tensorprobe.runtimes import get_runtime  # noqa: E402
 
-from _export_models import Net, NormConv, mean100_input, nan_channels  # noqa: E402
+from ._export_models import Net, NormConv, mean100_input, nan_channels  # noqa: E402
 
 pytestmark = pytest.mark.executorch
 

@@ -16,7 +16,7 @@ from tensorprobe.errors import InputError  # noqa: E402
 from tensorprobe.nan import find_nonfinite_in_bundle  # noqa: E402
 from tensorprobe.runtimes import get_runtime  # noqa: E402
 
-from _export_models import NormConv, mean100_input, nan_channels  # noqa: E402
+from ._export_models import NormConv, mean100_input, nan_channels  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 
