@@ -38,7 +38,8 @@ class CompareResult:
     compared: int                      # reference records paired with a runtime record
     first_divergence: str | None       # first reference record (execution order) whose pair fails
     ref_nan: NanOrigin
-    cand_nan: NanOrigin
+    cand_nan: NanOrigin                # op-level: the first runtime node whose output is non-finite
+    cand_nan_escapes: bool             # ... and it reaches a module-level record (not masked inside the graph)
     diff: Any                          # tensorprobe.diff.DiffReport
     summary: str
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -46,14 +47,15 @@ class CompareResult:
     @property
     def finding(self) -> bool:
         """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not."""
-        return self.first_divergence is not None or (self.cand_nan.found and not self.ref_nan.found)
+        return self.first_divergence is not None or (self.cand_nan_escapes and not self.ref_nan.found)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "runtime": self.runtime, "runtime_info": self.runtime_info, "ref_bundle": self.ref_bundle,
             "cand_bundle": self.cand_bundle, "compared": self.compared, "first_divergence": self.first_divergence,
             "finding": self.finding, "summary": self.summary, "notes": list(self.notes),
-            "ref_nan": self.ref_nan.to_dict(), "cand_nan": self.cand_nan.to_dict(), "diff": self.diff.to_dict(),
+            "ref_nan": self.ref_nan.to_dict(), "cand_nan": self.cand_nan.to_dict(),
+            "cand_nan_escapes": self.cand_nan_escapes, "diff": self.diff.to_dict(),
         }
 
 
@@ -106,12 +108,14 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         report = diff(ref, module_view(cand), min_snr=min_snr, min_corr=min_corr, atol=atol, rtol=rtol,
                       rules=rules, progress=None)
         ref_nan, cand_nan = find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand)
+        escapes = cand_nan.found and find_nonfinite_in_bundle(module_view(cand)).found
         first = report.first_divergence
-        notes = _notes(ref, cand, report)
+        notes = _notes(ref, cand, report, cand_nan, escapes)
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
-            compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan, diff=report,
-            summary=_summary(runtime, report, ref_nan, cand_nan), notes=notes)
+            compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan,
+            cand_nan_escapes=escapes, diff=report, summary=_summary(runtime, report, ref_nan, cand_nan, escapes),
+            notes=notes)
 
 
 def module_view(bundle: Bundle) -> Bundle:
@@ -124,9 +128,9 @@ def module_view(bundle: Bundle) -> Bundle:
     return Bundle(bundle.path, bundle.manifest, keep, bundle._source)
 
 
-def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin) -> str:
+def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin, escapes: bool) -> str:
     parts = []
-    if cand_nan.found and not ref_nan.found:
+    if escapes and not ref_nan.found:
         parts.append(f"{runtime} produces non-finite values that PyTorch does not: first at {cand_nan.record}"
                      + (f" ({cand_nan.output.stats.channel_pattern()})"
                         if cand_nan.output and cand_nan.output.stats.channel_pattern() else "") + ".")
@@ -145,8 +149,11 @@ def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin)
     return " ".join(parts)
 
 
-def _notes(ref: Bundle, cand: Bundle, report: Any) -> tuple[str, ...]:
+def _notes(ref: Bundle, cand: Bundle, report: Any, cand_nan: NanOrigin, escapes: bool) -> tuple[str, ...]:
     notes = []
+    if cand_nan.found and not escapes:
+        notes.append(f"a non-finite value is born at {cand_nan.record} ({cand_nan.op}) inside the graph and masked "
+                     "before any module output (e.g. atan2 lowered as a division whose 0/0 a Where replaces)")
     unmatched = [n for n in report.ref_only if not n.startswith("input.")]
     if unmatched:
         notes.append(f"{len(unmatched)} reference records have no {cand.runtime.get('name', 'runtime')} "
