@@ -14,6 +14,7 @@ from . import core  # noqa: F401,E402
 from . import audio  # noqa: F401,E402
 from . import tts  # noqa: F401,E402
 from . import diff  # noqa: F401,E402
+from . import compare  # noqa: F401,E402
 from . import isolate  # noqa: F401,E402
 from . import rng  # noqa: F401,E402
 

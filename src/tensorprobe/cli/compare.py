@@ -1,0 +1,74 @@
+"""`tensorprobe compare TARGET --runtime X`: PyTorch reference, capture in X, diff, first NaN, in one command.
+
+Exit codes: 0 the runtime matches PyTorch, 1 a divergence or a NaN born in the runtime only, 2 bad input.
+JSON schema: docs/json-compare.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..compare import compare
+from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
+from ..targets import load_target
+from ._common import JsonOption, app, console, emit_json, fail, progress
+
+
+@app.command("compare")
+def compare_cmd(
+    target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning (model, inputs)."),
+    runtime: str = typer.Option("onnxruntime", "--runtime", "-r", help="Runtime to compare with PyTorch."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Keep both bundles here (OUT/ref, OUT/<runtime>)."),
+    artifact: Optional[Path] = typer.Option(None, "--artifact", help="Run this exported artifact (model.onnx) "
+                                            "instead of exporting TARGET's model."),
+    exporter: Optional[str] = typer.Option(None, "--exporter", help="ONNX exporter: dynamo (default) or legacy."),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="Runtime mapping rules (REGEX -> MODULE per line)."),
+    min_snr: Optional[float] = typer.Option(None, "--min-snr", help="Minimum SNR in dB (default 60)."),
+    min_corr: Optional[float] = typer.Option(None, "--min-corr", help="Minimum Pearson correlation."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run TARGET in PyTorch and in RUNTIME; report the first divergence and the first NaN. Exits 1 on a finding."""
+    opts = {k: v for k, v in {"exporter": exporter, "rules": str(rules) if rules else None}.items() if v}
+    try:
+        tgt = load_target(target)
+        if tgt.kwargs:
+            fail(f"TARGET {target!r} returns keyword inputs; compare needs positional inputs")
+        with progress(f"comparing {target} in {runtime}", enabled=not json_out) as advance:
+            res = compare(tgt.model, tgt.args, runtime, out=out, min_snr=min_snr, min_corr=min_corr,
+                          artifact=artifact, runtime_options=opts, progress=lambda text: advance(1, escape(text)))
+    except TensorprobeError as e:
+        fail(str(e))
+    code = EXIT_FINDING if res.finding else EXIT_OK
+    if json_out:
+        emit_json("compare", "finding" if res.finding else "ok", {"compare": res.to_dict()})
+    else:
+        _render(res)
+    raise typer.Exit(code)
+
+
+def _render(res) -> None:
+    style = "red" if res.finding else "green"
+    console.print(f"[bold {style}]{escape(res.summary)}[/]")
+    info = res.runtime_info
+    console.print(f"runtime: {escape(str(info.get('name')))} {escape(str(info.get('version')))}"
+                  + (f", exporter {escape(str(info['exporter']))}" if info.get("exporter") else ""))
+    if res.cand_nan.found:
+        console.print(f"first non-finite value in {escape(res.runtime)}: {escape(str(res.cand_nan.record))}"
+                      f" ({escape(str(res.cand_nan.op))})")
+    worst = sorted((p for p in res.diff.pairs if p.metrics.get("pearson") is not None),
+                   key=lambda p: p.metrics["pearson"])[:5]
+    for p in worst:
+        console.print(f"  corr {p.metrics['pearson']:.6f}  SNR {_fmt(p.metrics.get('snr_db'))} dB  {escape(p.name)}")
+    for note in res.notes:
+        console.print(f"[dim]note: {escape(note)}[/]")
+    if res.ref_bundle and Path(res.ref_bundle).exists():
+        console.print(f"bundles: {escape(res.ref_bundle)}  {escape(res.cand_bundle)} "
+                      f"(`tensorprobe diff` them for the full table)")
+
+
+def _fmt(v) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else "-"
