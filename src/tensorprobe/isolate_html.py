@@ -103,10 +103,11 @@ def _plot(report: IsolateReport) -> str:
     snr_min = report.criteria.min_snr
     if snr_min is not None:
         ax.axhline(snr_min, color="#999", lw=0.8, ls=":", label=f"criterion {snr_min:g} dB")
-    if report.first_local is not None:
-        i = next(i for i, layer in enumerate(report.layers) if layer.name == report.first_local)
-        ax.axvline(i, color="#d62728", lw=1.0, label=f"first local failure: {report.first_local}")
+    bad = [i for i, layer in enumerate(report.layers) if layer.local_fails]
+    if bad:
+        ax.scatter(bad, [_val(report.layers[i].local) for i in bad], s=36, color="#d62728", zorder=3,
+                   label=f"local failure (first: {report.first_local})")
     ax.set_xlabel("module call (execution order)")
     ax.set_ylabel("SNR dB")
-    ax.legend(loc="lower left", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8, frameon=False)
     return figure_to_data_uri(fig)
