@@ -367,6 +367,11 @@ def graph_feeds(model: Any, inputs: Any) -> dict[str, np.ndarray]:
             if arr.dtype.kind != np.dtype(want).kind and not (arr.dtype.kind in "iu" and np.dtype(want).kind in "iu"):
                 raise InputError(f"input {spec.name!r}: got {arr.dtype}, the graph expects {np.dtype(want)}")
             arr = arr.astype(want)
+        dims = spec.type.tensor_type.shape.dim
+        fixed = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        if dims and (len(fixed) != arr.ndim or any(f is not None and f != n for f, n in zip(fixed, arr.shape))):
+            raise InputError(f"input {spec.name!r}: got shape {list(arr.shape)}, the graph expects {_describe(spec)} "
+                             "(export with inputs of this shape, or with dynamic axes)")
         feeds[spec.name] = np.ascontiguousarray(arr)
     return feeds
 
