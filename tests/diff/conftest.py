@@ -1,30 +1,14 @@
-"""Bundles written directly with BundleWriter: exactly what another runtime's dump looks like."""
+"""Fixtures of the diff tests: bundles written directly with BundleWriter (see diff_bundles.py)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any, Iterable
 
 import pytest
-import torch
 
-from tensorprobe.bundle import Bundle, BundleWriter
-from tensorprobe.record import Record
-from tensorprobe.stats import compute_stats
-
-
-def write_bundle(path: Path, items: Iterable[tuple[str, torch.Tensor] | tuple[str, torch.Tensor, dict[str, Any]]]
-                 ) -> Bundle:
-    """items: (name, tensor[, Record fields such as module, op, inputs, kind, call, tags])."""
-    with BundleWriter(path) as w:
-        for i, item in enumerate(items):
-            name, t = item[0], item[1]
-            extra = dict(item[2]) if len(item) > 2 else {}
-            extra.setdefault("module", name.split("/")[0].split("@")[0].split(":")[0])
-            extra.setdefault("op", "tensor")
-            w.add(Record(name=name, order=i, shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."),
-                         stats=compute_stats(t), **extra), t)
-    return Bundle.open(path)
+sys.path.insert(0, str(Path(__file__).parent))
+from diff_bundles import write_bundle  # noqa: E402
 
 
 @pytest.fixture

@@ -76,7 +76,11 @@ def _layer_plot(report: DiffReport, local_snr: Mapping[str, float] | None) -> st
         return None
     fig, ax = new_figure(10, 3.6)
     x = np.arange(len(pairs))
-    ax.plot(x, [_snr(p) for p in pairs], lw=1.2, color="#1f77b4", label="accumulated error (diff): SNR dB")
+    snr = np.array([_snr(p) for p in pairs])
+    failed = np.array([p.failed for p in pairs])
+    ax.plot(x, snr, lw=0.6, color="#1f77b4", alpha=0.5)
+    ax.scatter(x[~failed], snr[~failed], s=6, color="#1f77b4", label="accumulated error (diff): SNR dB, pass")
+    ax.scatter(x[failed], snr[failed], s=10, color="#d62728", label="accumulated error: fail")
     if local_snr:
         loc = [min(local_snr[p.name], SNR_CAP) if p.name in local_snr else math.nan for p in pairs]
         ax.plot(x, loc, lw=1.0, ls="--", marker=".", color="#2ca02c", label="local error (isolate): SNR dB")
@@ -86,8 +90,8 @@ def _layer_plot(report: DiffReport, local_snr: Mapping[str, float] | None) -> st
     ax.set_xlabel("record in execution order")
     ax2 = ax.twinx()
     corr = [p.metric("pearson") for p in pairs]
-    ax2.plot(x, [max(1 - c, 1e-16) if c is not None else math.nan for c in corr], lw=0.8, color="#ff7f0e",
-             alpha=0.8, label="1 − correlation")
+    ax2.plot(x, [max(1 - c, 1e-12) if c is not None else math.nan for c in corr], lw=0.7, color="#ff7f0e",
+             alpha=0.6, label="1 − correlation (right axis)")
     ax2.set_yscale("log")
     ax2.set_ylabel("1 − correlation (log)")
     _mark(ax, pairs, report.first_divergence, "#d62728", "first divergence")
