@@ -20,6 +20,7 @@ Two factories serve as TARGETs for the command line (`tensorprobe nan tensorprob
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -63,7 +64,9 @@ def build_decoder(seed: int = 0, *, stable_source: bool = True) -> nn.Module:
             the source module no longer change the output: two runs give identical audio.
     """
     istftnet = _istftnet()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # kokoro's own code uses the deprecated torch.nn.utils.weight_norm; not the user's concern here
+        warnings.simplefilter("ignore", FutureWarning)
         torch.manual_seed(seed)
         decoder = istftnet.Decoder(dim_in=HIDDEN_DIM, style_dim=STYLE_DIM, dim_out=N_MELS, **ISTFTNET)
     if stable_source:
