@@ -428,7 +428,7 @@ def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, 
     g = light.graph
     g.node.extend(model.graph.node)
     for init in model.graph.initializer:  # big weights become typed inputs: shapes without data
-        if init.ByteSize() > 4096:
+        if len(init.raw_data) > 4096 or int(np.prod(init.dims, dtype=np.int64)) > 1024:
             g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
         else:
             g.initializer.append(init)
