@@ -20,7 +20,7 @@ _BIG = 1e300
 PARALLEL_MIN = 1 << 21  # elements: below this one thread is faster than waking the pool
 
 
-@numba.njit(fastmath=_FM, cache=True, nogil=True)
+@numba.njit(fastmath=_FM, cache=True, nogil=True, error_model="numpy")
 def _block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, angle, out_s, out_m, b):
     nfr = nfc = nboth = mism = 0.0
     sabs = sr = sc = srr = scc = src = sdd = rawdd = flips = viol = 0.0
@@ -77,10 +77,13 @@ def _block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, angle, out_s, out_
     out_m[b, 2] = rawmax
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True)
+@numba.njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
 def _fast_block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, out_s, out_m, b):
-    """All-finite data, no angle: every branch gone, so the loop vectorizes (about 2x the careful one).
-    Non-finite data make the sums non-finite, and the caller then reruns the careful kernel."""
+    """All-finite data, no angle: no finiteness tests, no wrapping (~2 GB/s per side per core).
+    Non-finite data make the sums non-finite, and the caller then reruns the careful kernel.
+
+    (The float max-reductions keep LLVM from vectorizing this loop; a vectorized variant that reduces
+    the maxima as int64 bit patterns through a buffer measured slower, 1.55 vs 2.0 GB/s per core.)"""
     sabs = sr = sc = srr = scc = src = sdd = viol = 0.0
     mabs = mrel = 0.0
     for i in range(lo, hi):
@@ -119,7 +122,7 @@ def _fast_block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, out_s, out_m,
     out_m[b, 2] = mabs
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
+@numba.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 def _blocks(r, c, shift_r, shift_c, floor, atol, rtol, angle, fast, out_s, out_m):
     n = r.shape[0]
     nb = out_s.shape[0]
@@ -132,7 +135,7 @@ def _blocks(r, c, shift_r, shift_c, floor, atol, rtol, angle, fast, out_s, out_m
             _block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, angle, out_s, out_m, b)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _blocks_serial(r, c, shift_r, shift_c, floor, atol, rtol, angle, fast, out_s, out_m):
     n = r.shape[0]
     nb = out_s.shape[0]

@@ -176,7 +176,7 @@ def _clip1(x: float) -> float:
 # ---------------------------------------------------------------------------------------------------
 # The pass
 
-def accumulate(ref: Any, cand: Any, *, shift_r: float = 0.0, shift_c: float = 0.0, floor: float = 0.0,
+def accumulate(ref: Any, cand: Any, *, shift_r: float = 0.0, shift_c: float = 0.0, floor: float = 1e-30,
                atol: float = math.inf, rtol: float = 0.0, angle: bool = False) -> Sums:
     """One pass over `ref` and `cand` (torch tensors or NumPy arrays of equal element count).
 
