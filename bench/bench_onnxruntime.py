@@ -25,19 +25,9 @@ import torch
 
 
 def exportable_decoder():
-    from kokoro.custom_stft import CustomSTFT
-
     from tensorprobe.examples import kokoro
 
-    model = kokoro.build_decoder()
-    n_fft, hop = kokoro.ISTFTNET["gen_istft_n_fft"], kokoro.ISTFTNET["gen_istft_hop_size"]
-    model.generator.stft = CustomSTFT(filter_length=n_fft, hop_length=hop, win_length=n_fft)
-    with torch.no_grad():
-        model.generator.m_source.l_linear.bias.zero_()
-    for mod in model.modules():
-        if hasattr(mod, "weight_g"):
-            torch.nn.utils.remove_weight_norm(mod)
-    return model.eval(), kokoro
+    return kokoro.exportable_decoder(), kokoro
 
 
 def main() -> None:

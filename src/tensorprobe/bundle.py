@@ -114,6 +114,7 @@ class BundleWriter:
         self._records: list[Record] = []
         self._names: set[str] = set()
         self._pending: dict[str, torch.Tensor] = {}
+        self._pending_ptrs: set[int] = set()
         self._pending_bytes = 0
         self._shards: list[str] = []
         self._closed = False
@@ -144,14 +145,21 @@ class BundleWriter:
             i += 1
         return f"{name}~{i}"
 
-    def add(self, record: Record, tensor: torch.Tensor | None = None) -> Record:
-        """Append a record; with `tensor`, also store its data (copied, so later in-place ops can't alter it)."""
+    def add(self, record: Record, tensor: torch.Tensor | None = None, *, copy: bool = True) -> Record:
+        """Append a record; with `tensor`, also store its data.
+
+        The data is copied (so later in-place ops can't alter it) unless `copy=False`: for a fresh buffer
+        nobody else writes to, such as a runtime's output array.
+        """
         if self._closed:
             raise BundleError(f"{self.path}: bundle already closed")
         if record.name in self._names:
             record = record.with_(name=self.unique_name(record.name))
         if tensor is not None:
-            t = tensor.detach().to("cpu", copy=True).contiguous()
+            t = tensor.detach().to("cpu", copy=copy).contiguous()
+            if not copy and t.untyped_storage().data_ptr() in self._pending_ptrs:
+                t = t.clone()  # one buffer under two names: safetensors stores each key's own bytes
+            self._pending_ptrs.add(t.untyped_storage().data_ptr())
             record = record.with_(shard=self._shard_name(len(self._shards)))
             self._pending[record.name] = t
             self._pending_bytes += t.numel() * t.element_size()
@@ -171,6 +179,7 @@ class BundleWriter:
             os.replace(tmp, self.path / name)
             self._shards.append(name)
             self._pending = {}
+            self._pending_ptrs = set()
             self._pending_bytes = 0
         self._journal.flush()
 

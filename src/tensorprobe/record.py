@@ -17,6 +17,7 @@ The root module's path is "" and prints as `<root>`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -106,6 +107,24 @@ def record_name(module: str, call: int = 0, op: str | None = None, k: int = 0,
     if output is not None:
         name += f":{output}"
     return name
+
+
+_NAME_RE = re.compile(r"^(?P<module>[^@/:]*)(?:@(?P<call>\d+))?(?:/(?P<op>[^:]+?)\.(?P<k>\d+))?(?::(?P<output>.+))?$")
+
+
+def parse_name(name: str) -> tuple[str, int]:
+    """Module path and call index of a record name (the inverse of `record_name` for those two parts).
+
+    >>> parse_name("gen.norm@2/rsqrt.0:1")
+    ('gen.norm', 2)
+    >>> parse_name("<root>/Div.0")
+    ('', 0)
+    """
+    m = _NAME_RE.match(name)
+    if m is None:
+        return name, 0
+    module = m.group("module")
+    return ("" if module == ROOT else module), int(m.group("call") or 0)
 
 
 def short_op(op: str) -> str:

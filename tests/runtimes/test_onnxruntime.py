@@ -130,27 +130,10 @@ def test_missing_runtime_names_the_extra():
 
 
 # ---- the Kokoro decoder --------------------------------------------------------------------------------
-def _exportable_decoder(kokoro):
-    """The Kokoro decoder as an ONNX port builds it: conv-based STFT (no complex ops), weight norm folded,
-    and the "stable" source (silent sine, zero bias) so that the random source ops don't change the output."""
-    from kokoro.custom_stft import CustomSTFT
-
-    model = kokoro.build_decoder()
-    g = model.generator
-    g.stft = CustomSTFT(filter_length=kokoro.ISTFTNET["gen_istft_n_fft"], hop_length=kokoro.ISTFTNET["gen_istft_hop_size"],
-                        win_length=kokoro.ISTFTNET["gen_istft_n_fft"])
-    with torch.no_grad():
-        g.m_source.l_linear.bias.zero_()
-    for mod in model.modules():
-        if hasattr(mod, "weight_g"):
-            torch.nn.utils.remove_weight_norm(mod)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def kokoro_onnx(kokoro, tmp_path_factory):
     root = tmp_path_factory.mktemp("kokoro_onnx")
-    model = _exportable_decoder(kokoro)
+    model = kokoro.exportable_decoder()
     inputs = kokoro.decoder_inputs(0.25)
     path = export_onnx(model, inputs, root / "decoder.onnx")
     ref = capture(model, *inputs, level="module", keep="full", out=root / "ref")

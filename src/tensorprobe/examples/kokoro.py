@@ -74,6 +74,25 @@ def build_decoder(seed: int = 0, *, stable_source: bool = True) -> nn.Module:
     return decoder.eval()
 
 
+def exportable_decoder(seed: int = 0) -> nn.Module:
+    """The decoder as an ONNX/ExecuTorch port builds it: Kokoro's conv-based `CustomSTFT` (no complex ops, the
+    `disable_complex=True` path of `kokoro.KModel`), weight norm folded into plain weights (int8 quantizers need
+    constant weights), and the stable source with a zero source bias (the random source ops can't change the output).
+    """
+    from kokoro.custom_stft import CustomSTFT
+
+    model = build_decoder(seed)
+    g = model.generator
+    n_fft, hop = ISTFTNET["gen_istft_n_fft"], ISTFTNET["gen_istft_hop_size"]
+    g.stft = CustomSTFT(filter_length=n_fft, hop_length=hop, win_length=n_fft)
+    with torch.no_grad():
+        g.m_source.l_linear.bias.zero_()
+    for mod in model.modules():
+        if hasattr(mod, "weight_g"):
+            torch.nn.utils.remove_weight_norm(mod)
+    return model.eval()
+
+
 def decoder_inputs(seconds: float = 3.0, seed: int = 0, *, voiced: bool = False) -> tuple[torch.Tensor, ...]:
     """Decoder inputs `(asr, F0_curve, N, s)` for `seconds` of 24 kHz audio.
 
@@ -134,6 +153,11 @@ def faulty_decoder(seconds: float = 3.0) -> tuple[nn.Module, tuple[torch.Tensor,
     model = build_decoder()
     inject_faulty_instance_norm(model)
     return model, decoder_inputs(seconds)
+
+
+def export_decoder(seconds: float = 3.0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """TARGET factory: `exportable_decoder()` and 3 s of unvoiced input (for `--runtime onnxruntime`)."""
+    return exportable_decoder(), decoder_inputs(seconds)
 
 
 def voiced_decoder(seconds: float = 3.0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:

@@ -43,6 +43,8 @@ class RuntimeTensor:
     name: str | None = None    # record name; default derived from module/op by the adapter
     inputs: tuple[str, ...] = ()  # record names of the values this op consumed (op graph)
     tags: tuple[str, ...] = field(default_factory=tuple)
+    call: int = 0              # call index of `module` (a module the runtime ran several times)
+    kind: str = KIND_OUTPUT    # record kind: "output", or "rng" for a random op
 
 
 class RuntimeAdapter:
@@ -121,9 +123,9 @@ class RuntimeAdapter:
                     continue
                 t = _to_torch(rt.value)
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
-                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_OUTPUT,
+                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind, call=rt.call,
                                   runtime_name=rt.runtime_name, inputs=rt.inputs, tags=rt.tags),
-                           t if keep == "full" else None)
+                           t if keep == "full" else None, copy=False)
                 order += 1
         return Bundle.open(out)
 
@@ -135,10 +137,13 @@ def _name_inputs(inputs: Any) -> dict[str, Any]:
 
 
 def _to_torch(value: Any) -> torch.Tensor:
+    """A CPU tensor over `value`; copies only when NumPy can't lend its buffer (read-only or strided)."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
-    arr = np.asarray(value)
-    return torch.from_numpy(np.ascontiguousarray(arr).copy())
+    arr = np.ascontiguousarray(np.asarray(value))
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    return torch.from_numpy(arr)
 
 
 class _workdir:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError, TargetError
+from ..record import KIND_OUTPUT, KIND_RNG, parse_name
 from ._onnx_names import MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
 from .base import RuntimeAdapter, RuntimeTensor
 
@@ -177,9 +178,10 @@ def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> It
         if arr is None or getattr(arr, "dtype", None) is None or arr.dtype == object:
             continue
         for name in p.names:
-            module = p.module if "/" in name else name.split("@")[0].split(":")[0].replace("<root>", "")
-            yield RuntimeTensor(runtime_name=p.value, module=module, op=p.op, value=arr, name=name,
-                                inputs=p.inputs, tags=p.tags)
+            module, call = parse_name(name)
+            yield RuntimeTensor(runtime_name=p.value, module=p.module if "/" in name else module, op=p.op,
+                                value=arr, name=name, inputs=p.inputs, tags=p.tags, call=call,
+                                kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT)
         if drop and last[p.value] == i:
             del outs[p.value]   # drop our reference as soon as the record is written
         del arr
