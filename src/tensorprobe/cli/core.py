@@ -47,6 +47,8 @@ def capture(
     exclude: Optional[str] = typer.Option(None, help="Regex: drop records whose name matches."),
     runtime: Optional[str] = typer.Option(None, help="Capture in another runtime (e.g. onnxruntime) instead of PyTorch."),
     inputs: Optional[Path] = typer.Option(None, help=".npz of named inputs, for an artifact TARGET (model.onnx)."),
+    option: list[str] = typer.Option([], "-O", "--option", metavar="KEY=VALUE",
+                                     help="Runtime option, repeatable (e.g. -O exporter=legacy, -O backend=xnnpack, -O kernels=true, -O rules=map.txt)."),
     record_inputs: bool = typer.Option(False, "--record-inputs", help="Also record each module call's inputs."),
     replay_rng: Optional[Path] = typer.Option(None, "--replay-rng", metavar="BUNDLE",
                                               help="Feed random ops the tensors recorded in BUNDLE (or a noise .safetensors), in call order."),
@@ -55,15 +57,18 @@ def capture(
     """Capture every intermediate tensor of TARGET into a bundle directory."""
     t0 = time.perf_counter()
     suffix = Path(target).suffix
+    options = parse_options(option)
     if suffix in _ARTIFACT_RUNTIMES and ":" not in target:
-        bundle = _capture_artifact(target, out, runtime or _ARTIFACT_RUNTIMES[suffix], inputs, keep, include, exclude)
+        bundle = _capture_artifact(target, out, runtime or _ARTIFACT_RUNTIMES[suffix], inputs, keep, include, exclude,
+                                   options)
     else:
         tgt = load_target(target)
         if runtime and runtime not in ("pytorch", "torch"):
             from ..runtimes import get_runtime
 
-            bundle = _run_forward(target, get_runtime(runtime).capture, tgt.model, tgt.args, out, keep=keep,
-                                  include=include, exclude=exclude)
+            adapter = get_runtime(runtime)
+            bundle = _run_forward(target, _with_options(adapter.capture, runtime), tgt.model, tgt.args, out,
+                                  keep=keep, include=include, exclude=exclude, **options)
         else:
             with progress(f"capturing {target}", enabled=not json_out) as advance:
                 bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
@@ -73,15 +78,50 @@ def capture(
     _report_capture(bundle, time.perf_counter() - t0, json_out)
 
 
+def parse_options(pairs: list[str]) -> dict[str, object]:
+    """`["kernels=true", "threads=2"]` -> `{"kernels": True, "threads": 2}` (bool, int, float, else text)."""
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"runtime option {pair!r} must look like KEY=VALUE")
+        value: object = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(text)
+                    break
+                except ValueError:
+                    pass
+        options[key.strip().replace("-", "_")] = value
+    return options
+
+
+def _with_options(fn, runtime: str):
+    """Turn an unknown keyword option into one clear error naming the runtime."""
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            if "unexpected keyword argument" in str(e):
+                raise InputError(f"runtime {runtime!r} does not take that option ({e})") from None
+            raise
+    return call
+
+
 def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Path], keep: str,
-                      include: Optional[str], exclude: Optional[str]) -> Bundle:
+                      include: Optional[str], exclude: Optional[str], options: dict) -> Bundle:
     from ..runtimes import get_runtime
 
     if inputs is None:
         raise InputError(f"{target}: an artifact needs --inputs inputs.npz (arrays named as the graph's inputs)")
     feeds = Bundle.open(inputs)
     named = {r.name: feeds.numpy(r.name) for r in feeds}
-    return get_runtime(runtime).capture_artifact(target, named, out, keep=keep, include=include, exclude=exclude)
+    adapter = get_runtime(runtime)
+    return _with_options(adapter.capture_artifact, runtime)(target, named, out, keep=keep, include=include,
+                                                           exclude=exclude, **options)
 
 
 def _report_capture(bundle: Bundle, seconds: float, json_out: bool) -> None:

@@ -193,6 +193,9 @@ def summarize(r: DiffReport) -> str:
         return (f"Nothing compared: no record of the candidate lines up with the reference "
                 f"({len(r.ref_only)} reference-only, {len(r.cand_only)} candidate-only records).")
     c = r.counts()
+    if r.first_divergence is None and c["no_data"] == c["pairs"]:
+        return (f"Nothing compared: {c['pairs']} records line up by name, but neither side's tensors are in both "
+                "bundles (captured with keep='stats'); capture both with --keep full.")
     if r.first_divergence is None:
         head = f"Match: all {c['pairs']} compared records pass"
         worst = r.get(r.worst)

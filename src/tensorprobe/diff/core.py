@@ -92,6 +92,11 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
                           reasons=(f"shape {_shape(r.shape)} vs {_shape(c.shape)}",))
     if not (r.has_tensor and c.has_tensor):
         side = "reference" if not r.has_tensor else "candidate"
+        # Statistics still prove one thing: a side with NaN/Inf where the other has none diverged.
+        if r.stats.finite_frac != c.stats.finite_frac:
+            return PairResult(**base, status=STATUS_FAIL, reasons=(
+                f"finite fraction {r.stats.finite_frac:.4g} vs {c.stats.finite_frac:.4g} "
+                f"(statistics only: the {side} kept no tensor)",))
         return PairResult(**base, status=STATUS_NO_DATA,
                           reasons=(f"{side} kept statistics only (capture with keep='full')",))
     rt, ct = ref_b.tensor(r.name), cand_b.tensor(c.name)

@@ -198,7 +198,7 @@ class DiffReport:
 
     @property
     def verdict(self) -> str:
-        if not self.pairs:
+        if all(p.status == STATUS_NO_DATA for p in self.pairs):  # also when there are no pairs
             return VERDICT_EMPTY
         return VERDICT_DIVERGED if any(p.failed for p in self.pairs) else VERDICT_MATCH
 
