@@ -67,10 +67,13 @@ def test_kokoro_voiced_source_replayed_into_candidate(kokoro):
     ref = kokoro.build_decoder(stable_source=False)
     cand = kokoro.build_decoder(stable_source=False)
     inputs = kokoro.decoder_inputs(0.25, voiced=True)
-    replayed = isolate(ref, cand, *inputs, modules=r"^generator\.(m_source|noise_convs\.0)$")
-    assert replayed.rng == "state" and replayed.noise_replayed >= 1
-    assert not replayed.found and replayed.first_accumulated is None
-    fresh = isolate(ref, cand, *inputs, modules=r"^generator\.(m_source|noise_convs\.0)$", replay_rng=False)
+    mods = r"^generator\.(m_source|noise_convs\.0)$"
+    replayed = isolate(ref, cand, *inputs, modules=mods)
+    assert replayed.rng == "state" and not replayed.found and replayed.first_accumulated is None
+    assert replayed.reused == 2  # same inputs and generator state: the candidate's own run is the local one
+    local_only = isolate(ref, cand, *inputs, modules=mods, accumulated=False)
+    assert local_only.noise_replayed >= 1 and not local_only.found  # re-run with the reference's state
+    fresh = isolate(ref, cand, *inputs, modules=mods, replay_rng=False)
     assert fresh.first_local == "generator.m_source:0"  # fresh noise: the random source "is wrong"
 
 

@@ -104,15 +104,22 @@ class TorchRunner:
         self.modules = dict(self.model.named_modules())
         self.transform = transform
         self._prepared: dict[str, Any] = {}
+        self._targets: dict[str, tuple] = {}
         self.default = _param_dtype_device(self.model)
 
     def has(self, module_path: str) -> bool:
         return module_path in self.modules
 
+    def cast_inputs(self, module_path: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Floating tensors cast to the candidate module's parameter dtype and device."""
+        target = self._targets.get(module_path)
+        if target is None:
+            target = self._targets[module_path] = _param_dtype_device(self.modules[module_path], self.default)
+        return tree_map(lambda t: _cast(t, *target), (args, kwargs))
+
     def run(self, module_path: str, call: int, inputs: ModuleCall) -> Any:
         module = self.modules[module_path]
-        dtype, device = _param_dtype_device(module, self.default)
-        args, kwargs = tree_map(lambda t: _cast(t, dtype, device), (inputs.args, inputs.kwargs))
+        args, kwargs = self.cast_inputs(module_path, inputs.args, inputs.kwargs)
         fn = self._prepare(module_path, module)
         if not inputs.noise:
             return fn(*args, **kwargs)
@@ -205,6 +212,7 @@ class IsolateReport:
     first_accumulated: str | None
     rng: str | None = None          # how randomness was replayed: "state", "tensors" or None
     noise_replayed: int = 0         # random tensors replayed ("tensors") or module calls re-seeded ("state")
+    reused: int = 0                 # module calls not re-run: the candidate's own inputs equalled the reference's
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
 
@@ -247,7 +255,7 @@ class IsolateReport:
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary(), "found": self.found, "runner": self.runner,
                 "criteria": self.criteria.to_dict(), "first_local": self.first_local,
-                "first_accumulated": self.first_accumulated, "rng": self.rng, "noise_replayed": self.noise_replayed,
+                "first_accumulated": self.first_accumulated, "rng": self.rng, "noise_replayed": self.noise_replayed, "reused": self.reused,
                 "seconds": self.seconds, "notes": list(self.notes),
                 "counts": {"layers": len(self.layers), "local": len(self.local_layers()),
                            "inherited": len(self.inherited_layers())},
@@ -356,16 +364,24 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
     keep = accumulated is not False and (cand_model is not None or accumulated is not True)
     rng = _rng_mode(replay_rng, ref_model, runner)
     t0 = time.perf_counter()
-    ref_pass = passes.ReferencePass(ref_model, paths, runner, criteria, keep=keep, rng=rng)
+    own = None
+    if cand_model is not None:
+        dtype, device = _param_dtype_device(getattr(cand_model, "_orig_mod", cand_model))
+        cand_args, cand_kwargs = tree_map(lambda t: _cast(t, dtype, device), (inputs, kwinputs))
+    if accumulated is True and cand_model is not None and rng != passes.RNG_TENSORS:
+        # Candidate first: its outputs give the accumulated error, and its calls whose inputs equal the
+        # reference's need no second run (state replay keeps the generators aligned).
+        initial = passes.rng_state()
+        own = passes.record_candidate(cand_model, paths, cand_args, cand_kwargs,
+                                      initial if rng == passes.RNG_STATE else None)
+    ref_pass = passes.ReferencePass(ref_model, paths, runner, criteria, keep=keep and own is None, rng=rng, own=own)
     ref_pass.run(inputs, kwinputs)
     acc, notes = {}, []
-    if accumulated is True and cand_model is not None:
-        dtype, device = _param_dtype_device(getattr(cand_model, "_orig_mod", cand_model))
-        args, kwargs = tree_map(lambda t: _cast(t, dtype, device), (inputs, kwinputs))
-        acc = passes.candidate_pass(cand_model, ref_pass, args, kwargs, criteria)
-    elif accumulated is True:
+    if accumulated is True and cand_model is None:
         notes.append("no accumulated error: the candidate is not a PyTorch model; pass accumulated=BUNDLE")
-    elif accumulated is not False:
+    elif accumulated is True and own is None:
+        acc = passes.candidate_pass(cand_model, ref_pass, cand_args, cand_kwargs, criteria)
+    elif accumulated is not True and accumulated is not False:
         bundle = accumulated if isinstance(accumulated, Bundle) else Bundle.open(accumulated)
         acc, notes = passes.accumulated_from_bundle(bundle, ref_pass, criteria)
     layers = [_merge(x, acc.get(x.name)) for x in ref_pass.layers]
@@ -374,7 +390,7 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
         first_local=next((x.name for x in layers if x.local_fails), None),
         first_accumulated=next((x.name for x in layers if x.accumulated_fails), None),
         rng=rng, noise_replayed=len(ref_pass.noise) if rng == passes.RNG_TENSORS else ref_pass.rng_calls,
-        seconds=time.perf_counter() - t0, notes=tuple(notes))
+        reused=ref_pass.reused, seconds=time.perf_counter() - t0, notes=tuple(notes))
 
 
 def _runner(cand: Any) -> ModuleRunner:

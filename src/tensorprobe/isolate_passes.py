@@ -1,9 +1,14 @@
 """The two passes behind `tensorprobe.isolate` (see `isolate.py` for the API and the findings).
 
-Reference pass: hooks on the selected reference modules clone each call's inputs (pre-hook); when the
-call returns (post-hook) the runner runs the candidate's module on them, and the outputs are compared
-with diff's metrics: the local error. The reference outputs are kept for the candidate pass, which runs
-the candidate model with hooks on the same paths and compares: the accumulated error.
+For a PyTorch candidate (and randomness replayed by generator state, or not at all):
+1. `record_candidate`: the candidate's own forward, keeping each selected module call's inputs and outputs.
+2. `ReferencePass`: hooks on the reference modules clone each call's inputs (pre-hook); when the call
+   returns (post-hook) its output is compared with the candidate's own output of that call (accumulated
+   error) and with the candidate module run on the reference's inputs (local error). When the candidate's
+   own inputs were identical (every layer before the first divergence) that run is the one from step 1,
+   so it is not repeated: cost is ~2x a forward up to the first divergence, ~3x after it.
+With recorded-noise replay ("tensors"), or a non-PyTorch runner, the reference pass runs first and keeps
+its outputs; `candidate_pass` (or a candidate bundle) then gives the accumulated error.
 
 Randomness, two ways:
 - "state": the CPU/CUDA generator state is saved before each reference call and restored for the
@@ -50,7 +55,8 @@ def _floor(r: torch.Tensor) -> float:
     """float32 eps x the reference's abs-max (NaN/Inf ignored): the denominator floor of max_rel_err."""
     if not (r.is_floating_point() and r.numel()):
         return 1e-30
-    a = float(r.abs().amax())
+    lo, hi = torch.aminmax(r)  # one pass, no temporary
+    a = max(-float(lo), float(hi))
     if not math.isfinite(a):
         a = float(torch.nan_to_num(r.abs(), nan=0.0, posinf=0.0).amax())
     return max(_EPS32 * a, 1e-30)
@@ -100,6 +106,100 @@ class NoiseTap(TorchDispatchMode):
 
 
 # ---------------------------------------------------------------------------------------------------
+# Candidate first: its own run, per module call
+
+
+class OwnCall:
+    """One module call of the candidate's own run: its inputs (by reference, with their version counters:
+    an input modified in place later no longer counts as seen), generator state and outputs (clones)."""
+
+    __slots__ = ("args", "kwargs", "versions", "state", "outputs")
+
+    def __init__(self, args: tuple, kwargs: dict, state: tuple | None):
+        self.args, self.kwargs, self.state = args, kwargs, state
+        self.versions = [t._version for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        self.outputs: list[torch.Tensor] | None = None
+
+    def intact(self) -> bool:
+        now = [t._version for t in tree_flatten((self.args, self.kwargs))[0] if isinstance(t, torch.Tensor)]
+        return now == self.versions
+
+
+def record_candidate(model: torch.nn.Module, paths: list[str], args: tuple, kwargs: dict,
+                     initial_state: tuple | None) -> dict[tuple[str, int], OwnCall]:
+    """Run the candidate model once, keeping each selected module call's inputs and outputs.
+
+    With `initial_state` (the generator state now), the generators are put back to it afterwards, so
+    the reference pass draws the same noise; without it, the reference draws fresh noise.
+
+    The reference pass then gets the accumulated error from these outputs, and skips re-running a
+    candidate module whose own inputs (and generator state) equal the reference's: its local output is
+    the one already computed. Before the first divergence that is every layer.
+    """
+    named = dict(getattr(model, "_orig_mod", model).named_modules())
+    calls: dict[str, int] = {}
+    own: dict[tuple[str, int], OwnCall] = {}
+    stack: list[OwnCall] = []
+
+    def pre(path: str):
+        def hook(module, a, kw):
+            call = calls.get(path, -1) + 1
+            calls[path] = call
+            entry = own[(path, call)] = OwnCall(a, kw, rng_state() if initial_state is not None else None)
+            stack.append(entry)
+        return hook
+
+    def post(path: str):
+        def hook(module, a, output):
+            if stack:
+                stack.pop().outputs = [t.detach().clone() for t in tree_flatten(output)[0]
+                                       if isinstance(t, torch.Tensor)]
+        return hook
+
+    handles = []
+    try:
+        for p in paths:
+            if p in named:
+                handles.append(named[p].register_forward_pre_hook(pre(p), with_kwargs=True))
+                handles.append(named[p].register_forward_hook(post(p), always_call=True))
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        if initial_state is not None:
+            set_rng_state(initial_state)  # the reference then draws what the candidate drew
+        for h in handles:
+            h.remove()
+    return own
+
+
+def same_inputs(runner: Any, path: str, entry: OwnCall, args: tuple, kwargs: dict, state: tuple | None) -> bool:
+    """Did the candidate's own call of `path` get exactly the reference's inputs (cast as the runner casts)?"""
+    if entry.outputs is None or not hasattr(runner, "cast_inputs") or not entry.intact():
+        return False
+    if (state is None) != (entry.state is None) or (state is not None and not same_state(state, entry.state)):
+        return False
+    mine = tree_flatten(runner.cast_inputs(path, args, kwargs))[0]
+    theirs = tree_flatten((entry.args, entry.kwargs))[0]
+    if len(mine) != len(theirs):
+        return False
+    for x, y in zip(mine, theirs):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dtype == y.dtype
+                    and x.shape == y.shape and torch.equal(x, y)):
+                return False
+        elif type(x) is not type(y) or not _eq(x, y):
+            return False
+    return True
+
+
+def _eq(x: Any, y: Any) -> bool:
+    try:
+        return bool(x == y)
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------
 # Reference pass
 
 
@@ -107,7 +207,7 @@ class ReferencePass:
     """Reference forward with hooks; fills `layers` (local error) and `outputs` (kept for accumulated)."""
 
     def __init__(self, model: torch.nn.Module, paths: list[str], runner: Any, criteria: Criteria,
-                 *, keep: bool, rng: str | None):
+                 *, keep: bool, rng: str | None, own: dict[tuple[str, int], OwnCall] | None = None):
         from .isolate import ModuleCall
         self.call_type = ModuleCall
         self.model, self.paths, self.runner, self.criteria = model, paths, runner, criteria
@@ -120,14 +220,18 @@ class ReferencePass:
         self.initial_state: tuple | None = None
         self.rng_calls = 0  # module calls that drew random numbers (state mode)
         self.busy = False   # running the candidate: a module shared by both models must not re-enter
+        self.own = own      # the candidate's own run per call (record_candidate), when it ran first
+        self.reused = 0     # module calls whose local result is the candidate's own (identical inputs)
 
     @property
     def noise(self) -> list[torch.Tensor]:
         return self.tap.noise if self.tap is not None else []
 
-    def run(self, inputs: tuple, kwinputs: dict) -> None:
+    def run(self, inputs: tuple, kwinputs: dict, initial_state: tuple | None = None) -> None:
         named = dict(self.model.named_modules())
         handles = []
+        if initial_state is not None:
+            set_rng_state(initial_state)
         self.initial_state = rng_state()
         try:
             for p in self.paths:
@@ -149,9 +253,14 @@ class ReferencePass:
                 return
             call = self.calls.get(path, -1) + 1
             self.calls[path] = call
-            cargs, ckwargs = tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
             state = rng_state() if self.rng == RNG_STATE else None
-            self.frames.append((path, call, cargs, ckwargs, len(self.noise), state))
+            entry = self.own.pop((path, call), None) if self.own is not None else None
+            if entry is not None and same_inputs(self.runner, path, entry, args, kwargs, state):
+                # The candidate's own call saw exactly these inputs: its output is the local result.
+                self.frames.append((path, call, None, None, len(self.noise), state, entry, True))
+                return
+            cargs, ckwargs = tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            self.frames.append((path, call, cargs, ckwargs, len(self.noise), state, entry, False))
         return hook
 
     def _post(self, path: str):
@@ -162,10 +271,15 @@ class ReferencePass:
                 self.frames.pop()  # a child raised
             if not self.frames:
                 return
-            _, call, cargs, ckwargs, n0, state = self.frames.pop()
+            _, call, cargs, ckwargs, n0, state, entry, reuse = self.frames.pop()
+            mtype = type(module).__name__
+            if reuse:
+                self.reused += 1
+                self._compare(path, call, mtype, output, entry.outputs, None, own=entry, reused=True)
+                return
             noise = tuple(self.noise[n0:])
             cand_out, note = self._run_candidate(path, call, self.call_type(cargs, ckwargs, noise), state)
-            self._compare(path, call, type(module).__name__, output, cand_out, note)
+            self._compare(path, call, mtype, output, cand_out, note, own=entry)
         return hook
 
     def _run_candidate(self, path: str, call: int, inputs: Any, state: tuple | None) -> tuple[Any, str | None]:
@@ -193,9 +307,11 @@ class ReferencePass:
             if drew:
                 set_rng_state(after)
 
-    def _compare(self, path: str, call: int, mtype: str, ref_out: Any, cand_out: Any, note: str | None) -> None:
+    def _compare(self, path: str, call: int, mtype: str, ref_out: Any, cand_out: Any, note: str | None,
+                 own: OwnCall | None = None, reused: bool = False) -> None:
         from .isolate import LayerError
         refs = [t for t in tree_flatten(ref_out)[0] if isinstance(t, torch.Tensor)]
+        owns = own.outputs if own is not None and own.outputs is not None and len(own.outputs) == len(refs) else None
         cands = [t for t in tree_flatten(cand_out)[0] if isinstance(t, torch.Tensor)] if cand_out is not None else None
         if cands is not None and len(cands) != len(refs):
             note, cands = f"the candidate returned {len(cands)} tensors, the reference {len(refs)}", None
@@ -208,12 +324,16 @@ class ReferencePass:
                 reasons = (lnote,)
             elif c is not None:
                 local, reasons = compare_tensors(r, c, self.criteria)
-            if self.keep:
+            acc: dict = {}
+            if owns is not None:
+                pair = (local, reasons, dtype_str(c)) if reused else _pair(r, owns[i], self.criteria, dtype_str(owns[i]))
+                acc = dict(accumulated=pair[0], accumulated_reasons=tuple(pair[1]))
+            elif self.keep:
                 self.outputs[name] = r.detach().clone()
             self.layers.append(LayerError(
                 name=name, module=path, call=call, module_type=mtype, order=len(self.layers),
                 shape=tuple(r.shape), dtype=dtype_str(r), cand_dtype=dtype_str(c) if c is not None else None,
-                local=local, local_reasons=reasons, note=lnote))
+                local=local, local_reasons=reasons, note=lnote, **acc))
 
 
 # ---------------------------------------------------------------------------------------------------
