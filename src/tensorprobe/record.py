@@ -18,7 +18,7 @@ The root module's path is "" and prints as `<root>`.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -61,12 +61,15 @@ class Record:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["shape"] = list(self.shape)
-        d["inputs"] = list(self.inputs)
-        d["tags"] = list(self.tags)
+        # Field by field, not dataclasses.asdict: that deep-copies, and a capture writes thousands of these.
+        d: dict[str, Any] = {}
+        for f in _RECORD_FIELDS:
+            v = getattr(self, f)
+            if v is None or v == ():
+                continue
+            d[f] = list(v) if isinstance(v, tuple) else v
         d["stats"] = self.stats.to_dict()
-        return {k: v for k, v in d.items() if v not in (None, [], ())}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
@@ -79,6 +82,9 @@ class Record:
             inputs=tuple(d.get("inputs", ())), shard=d.get("shard"),
             runtime_name=d.get("runtime_name"), tags=tuple(d.get("tags", ())),
         )
+
+
+_RECORD_FIELDS = tuple(Record.__dataclass_fields__)
 
 
 def dtype_name(dtype: Any) -> str:

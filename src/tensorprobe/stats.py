@@ -74,9 +74,9 @@ class TensorStats:
         return "; ".join(parts) if parts else None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f: _json_float(getattr(self, f)) for f in self.__dataclass_fields__}
         d["nonfinite_channel_idx"] = list(self.nonfinite_channel_idx)
-        return {k: _json_float(v) for k, v in d.items()}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorStats":

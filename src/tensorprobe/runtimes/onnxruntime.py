@@ -394,10 +394,18 @@ def make_session(model: Any, threads: int | None = None) -> Any:
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    # ORT's pool threads spin after a run; meanwhile the statistics (torch, multi-threaded) wait for cores
+    # those threads hold: 40x slower statistics on a 2-core machine. Let them sleep instead.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         opts.intra_op_num_threads = threads
-    if model.ByteSize() < (1 << 31) - (64 << 20):
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    try:  # protobuf refuses to serialize past 2 GB; asking ByteSize() first would cost a serialization
+        data = model.SerializeToString()
+    except Exception:  # noqa: BLE001 - protobuf's EncodeError/ValueError, depending on the backend
+        data = None
+    if data is not None:
+        return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="tensorprobe-ort-") as d:
