@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -160,3 +163,36 @@ def test_kokoro_voiced_decoder_random_source_replayed(kokoro):
     assert torch.allclose(a, c, rtol=0, atol=1e-6)
     suspect = unreplayed_rng_before(other, "<root>", ref=ref)
     assert suspect is not None and suspect.rng.startswith("generator.m_source")
+
+
+def test_capture_cli_replay_rng_then_diff(tmp_path):
+    target = tmp_path / "noisy_target.py"
+    target.write_text(
+        "import torch\n"
+        "class Noisy(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.tanh(x + torch.randn_like(x))\n"
+        "def build():\n"
+        "    return Noisy(), (torch.ones(2, 8),)\n")
+    runner = CliRunner()
+
+    def capture(out, seed, *extra):
+        torch.manual_seed(seed)
+        res = runner.invoke(app, ["capture", f"{target}:build", "-o", str(tmp_path / out), "--level", "op",
+                                  "--keep", "full", *extra])
+        assert res.exit_code == 0, res.output
+
+    capture("ref", 1)
+    capture("other", 2)
+    capture("replayed", 3, "--replay-rng", str(tmp_path / "ref"))
+    res = runner.invoke(app, ["diff", str(tmp_path / "ref"), str(tmp_path / "other"), "--json"])
+    assert res.exit_code == 1
+    note = json.loads(res.stdout)["report"]["rng_note"]
+    assert "<root>/randn_like.0" in note and "--replay-rng" in note
+    res = runner.invoke(app, ["diff", str(tmp_path / "ref"), str(tmp_path / "replayed")])
+    assert res.exit_code == 0, res.output
+    # Through the real entry point: one line on stderr, exit code 2.
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "capture", f"{target}:build", "-o", str(tmp_path / "bad"),
+                        "--replay-rng", str(tmp_path / "nowhere")], capture_output=True, text=True,
+                       env={**os.environ, "COLUMNS": "200", "PYTHONWARNINGS": "ignore"})
+    assert p.returncode == 2 and "no such bundle" in p.stderr and "Traceback" not in p.stderr
