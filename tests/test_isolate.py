@@ -77,6 +77,25 @@ def test_kokoro_voiced_source_replayed_into_candidate(kokoro):
     assert fresh.first_local == "generator.m_source:0"  # fresh noise: the random source "is wrong"
 
 
+@pytest.mark.slow
+def test_kokoro_float64_candidate_replays_recorded_noise_and_blames_code_between_modules(kokoro):
+    ref = kokoro.build_decoder(stable_source=False)
+    cand = kokoro.build_decoder(stable_source=False).double()
+    inputs = kokoro.decoder_inputs(0.25, voiced=True)
+    mods = r"^generator\.(m_source|noise_convs\.\d|conv_post)$"
+    r = isolate(ref, cand, *inputs, modules=mods)
+    # float64 draws other noise than float32 from the same state: the recorded tensors are replayed.
+    assert r.rng == "tensors" and r.noise_replayed == 3
+    assert r.layer("generator.m_source:0").local["snr_db"] > 80
+    # Every module is right on its own; the error enters in the STFT between m_source and noise_convs.0
+    # (functional code, not a module), so noise_convs.0 fails only by inheritance.
+    assert not r.found and r.first_accumulated == "generator.noise_convs.0"
+    assert r.layer("generator.noise_convs.0").verdict == INHERITED
+    assert "enters outside the isolated modules" in r.summary()
+    fresh = isolate(ref, cand, *inputs, modules=mods, replay_rng=False)
+    assert fresh.first_local == "generator.m_source:0"
+
+
 class MLP(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

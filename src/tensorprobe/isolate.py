@@ -245,8 +245,10 @@ class IsolateReport:
         if self.first_local is None:
             if self.first_accumulated is None:
                 return f"No divergence: all {n} module outputs pass, locally and accumulated."
-            return (f"No layer is wrong on its own: every local error passes, yet the accumulated error "
-                    f"fails from {self.first_accumulated} on (small errors adding up over {n} layers).")
+            return (f"No isolated module is wrong on its own: every local error passes, yet the accumulated "
+                    f"error fails from {self.first_accumulated} on. The error enters outside the isolated "
+                    f"modules (functional code between them) or builds up from small local errors over {n} "
+                    f"module calls: isolate finer modules, or diff op-level captures, to see where.")
         first = self.layer(self.first_local)
         locals_ = self.local_layers()
         more = f"; {len(locals_) - 1} more layer(s) also fail locally" if len(locals_) > 1 else ""
