@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 import tensorprobe as tp
 from tensorprobe.cli import app
 from tensorprobe.errors import InputError
-from tensorprobe.isolate import INHERITED, LOCAL, OK, UNKNOWN, ModuleCall, ModuleRunner, isolate, select_modules
+from tensorprobe.isolate import (INHERITED, LOCAL, OK, UNKNOWN, ModuleCall, ModuleRunner, isolate,
+                                 local_snr_from_json, select_modules)
 from tensorprobe.isolate_html import write_isolate_html
 
 PERTURBED = "decode.1.conv1x1"
@@ -277,6 +278,9 @@ def test_isolate_cli_exit_codes_json_and_html(targets, tmp_path):
     assert doc["report"]["first_local"] == "2" and doc["report"]["counts"]["local"] == 1
     assert doc["report"]["layers"][0]["local"]["snr_db"] == "inf"
     assert html.exists()
+    saved = tmp_path / "iso.json"
+    saved.write_text(res.stdout)
+    assert local_snr_from_json(saved)["2"] < 60 and local_snr_from_json(saved)["0"] == float("inf")
     res = runner.invoke(app, ["isolate", f"{targets}:ref", f"{targets}:same"])
     assert res.exit_code == 0 and "No divergence" in res.stdout
     res = runner.invoke(app, ["isolate", f"{targets}:ref", f"{targets}:same", "--modules", "("])

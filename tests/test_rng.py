@@ -75,6 +75,9 @@ def test_different_seeds_diverge_right_after_the_random_op(model, x):
     assert "right after random op <root>/randn_like.0" in suspect.sentence()
     assert "--replay-rng" in suspect.sentence()
     assert report.rng_note and "randn_like" in report.rng_note
+    # Given the diff report itself: its first divergence is the random op, its bundles are opened by path.
+    from_report = unreplayed_rng_before(report)
+    assert from_report is not None and from_report.rng == from_report.divergent == report.first_divergence
 
 
 def test_replay_makes_runs_with_different_seeds_match(model, x):

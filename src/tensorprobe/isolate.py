@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from pathlib import Path
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -427,5 +428,29 @@ def _merge(layer: LayerError, acc: tuple | None) -> LayerError:
 
 compare_tensors = passes.compare_tensors
 
+
+def local_snr_from_json(path: str | os.PathLike) -> dict[str, float]:
+    """Local error per record name (SNR dB) from a saved `tensorprobe isolate --json` document, for
+    `report.html.write_diff_html(..., local_snr=...)` (e.g. a `diff --local isolate.json` option).
+
+    Example:
+        >>> local_snr_from_json("isolate.json")["decode.1.conv1x1"]          # doctest: +SKIP
+        60.0
+    """
+    import json
+    import math
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        layers = (doc.get("report", doc))["layers"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"{path}: not an isolate JSON document ({e}); write one with tensorprobe isolate --json") from None
+    out = {}
+    for layer in layers:
+        v = (layer.get("local") or {}).get("snr_db")
+        if v is not None:
+            out[str(layer["name"])] = math.inf if v == "inf" else (-math.inf if v == "-inf" else float(v))
+    return out
+
 __all__ = ["isolate", "IsolateReport", "LayerError", "ModuleCall", "ModuleRunner", "TorchRunner",
-           "select_modules", "compare_tensors", "LOCAL", "INHERITED", "OK", "UNKNOWN"]
+           "select_modules", "compare_tensors", "local_snr_from_json", "LOCAL", "INHERITED", "OK", "UNKNOWN"]
