@@ -37,6 +37,8 @@ def diff_cmd(
     db: Optional[List[str]] = typer.Option(None, "--db", metavar="REGEX[=SCALE]",
                                            help="Also report dB error for spectrogram records; SCALE: mag, power, ln, db."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    local: Optional[Path] = typer.Option(None, "--local", metavar="ISOLATE_JSON",
+                                         help="Plot local error from `tensorprobe isolate --json` beside the accumulated error (HTML)."),
     show_all: bool = typer.Option(False, "--all", help="Show every record in the table."),
     json_out: bool = JsonOption,
 ) -> None:
@@ -48,8 +50,9 @@ def diff_cmd(
             report = diff(ref, cand, atol=atol, rtol=rtol, min_corr=min_corr, min_snr=min_snr, rules=rule_list,
                           angles=angle or [], db=db or [], progress=lambda name: advance(1, escape(name)))
         if html is not None:
+            from ..isolate import local_snr_from_json
             from ..report.html import write_diff_html
-            write_diff_html(report, html)
+            write_diff_html(report, html, local_snr=local_snr_from_json(local) if local else None)
     except TensorprobeError as e:
         fail(str(e))
     code = EXIT_OK if report.passed else EXIT_FINDING
