@@ -48,6 +48,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 JOURNAL = "records.jsonl"
 DEFAULT_SHARD_BYTES = 256 << 20
+_JOURNAL_BATCH = 256  # records journaled together (a crash loses at most the records since the last batch)
 
 STATUS_COMPLETE = "complete"
 STATUS_INCOMPLETE = "incomplete"
@@ -111,7 +112,8 @@ class BundleWriter:
             "model": model or {}, "runtime": runtime or {"name": "pytorch", "version": torch.__version__},
             "capture": capture or {}, "inputs": describe_inputs(inputs or {}),
         }
-        self._records: list[Record] = []
+        self._lines: list[str] = []      # each record's JSON, made once: journal and manifest share it
+        self._journaled = 0              # lines already in the journal
         self._names: set[str] = set()
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_ptrs: set[int] = set()
@@ -132,9 +134,8 @@ class BundleWriter:
             shutil.rmtree(p)
         p.mkdir(parents=True, exist_ok=True)
 
-    @property
-    def records(self) -> list[Record]:
-        return self._records
+    def __len__(self) -> int:
+        return len(self._lines)
 
     def unique_name(self, name: str) -> str:
         """`name`, or `name~1`, `name~2`... if it is taken (two outputs can't share a key)."""
@@ -164,11 +165,19 @@ class BundleWriter:
             self._pending[record.name] = t
             self._pending_bytes += t.numel() * t.element_size()
         self._names.add(record.name)
-        self._records.append(record)
-        self._journal.write(json.dumps(record.to_dict()) + "\n")
+        self._lines.append(json.dumps(record.to_dict()))
         if self._pending_bytes >= self.shard_bytes:
             self.flush()
+        elif len(self._lines) - self._journaled >= _JOURNAL_BATCH:
+            self._write_journal()
         return record
+
+    def _write_journal(self) -> None:
+        new = self._lines[self._journaled:]
+        if new:
+            self._journal.write("\n".join(new) + "\n")
+            self._journaled = len(self._lines)
+        self._journal.flush()
 
     def flush(self) -> None:
         """Write buffered tensors as one shard (atomically) and sync the journal."""
@@ -181,7 +190,7 @@ class BundleWriter:
             self._pending = {}
             self._pending_ptrs = set()
             self._pending_bytes = 0
-        self._journal.flush()
+        self._write_journal()
 
     def close(self, error: BaseException | None = None) -> None:
         """Finish the bundle; with `error`, mark it incomplete and record the exception."""
@@ -202,9 +211,10 @@ class BundleWriter:
         self._header.update(fields)
 
     def _write_manifest(self, status: str, error: dict | None) -> None:
-        manifest = {**self._header, "status": status, "error": error, "shards": list(self._shards),
-                    "records": [r.to_dict() for r in self._records]}
-        atomic_write_bytes(self.path / MANIFEST, json.dumps(manifest, indent=1).encode())
+        head = json.dumps({**self._header, "status": status, "error": error, "shards": list(self._shards)})
+        # One record per line keeps the file readable, and reuses the JSON made for the journal.
+        body = ",\n".join(self._lines)
+        atomic_write_bytes(self.path / MANIFEST, f'{head[:-1]}, "records": [\n{body}\n]}}\n'.encode())
 
     @staticmethod
     def _shard_name(i: int) -> str:

@@ -32,6 +32,7 @@ import re
 import sys
 import tempfile
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -73,9 +74,31 @@ _OWN_DIR = os.path.dirname(__file__)
 _EXAMPLES_DIR = os.path.join(_OWN_DIR, "examples")
 
 
+def op_tensors(*groups: Any) -> list[torch.Tensor]:
+    """Tensors among an aten op's arguments or outputs: a tensor, or tensors in a tuple/list/dict (and one
+    level of lists inside, e.g. `cat`'s). torch's pytree would do too, at ~10x the cost on every op."""
+    out: list[torch.Tensor] = []
+    for g in groups:
+        if isinstance(g, torch.Tensor):
+            out.append(g)
+            continue
+        for a in (g.values() if isinstance(g, dict) else g if isinstance(g, (list, tuple)) else ()):
+            if isinstance(a, torch.Tensor):
+                out.append(a)
+            elif isinstance(a, (list, tuple)):
+                out.extend(x for x in a if isinstance(x, torch.Tensor))
+    return out
+
+
+_BASE_NAMES: dict[Any, str] = {}
+
+
 def op_base_name(func: Any) -> str:
-    """'aten.rsqrt.default' -> 'rsqrt'."""
-    return func._schema.name.split("::")[-1]
+    """'aten.rsqrt.default' -> 'rsqrt' (cached: asked for on every op)."""
+    name = _BASE_NAMES.get(func)
+    if name is None:
+        name = _BASE_NAMES[func] = func._schema.name.split("::")[-1]
+    return name
 
 
 def user_source_line() -> str | None:
@@ -187,7 +210,7 @@ class _OpMode(TorchDispatchMode):
         if base in SKIP_OPS or (not is_rng and not self.all_ops):
             return out
         rec = self.recorder
-        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        flat_out = op_tensors(out)
         if base in ALIAS_OPS and not is_rng:
             self._alias(args, flat_out)
             return out
@@ -195,7 +218,7 @@ class _OpMode(TorchDispatchMode):
         key = (module, call, base)
         k = rec.op_counts.get(key, 0)
         rec.op_counts[key] = k + 1
-        inputs = rec.input_names(tree_flatten((args, kwargs))[0])
+        inputs = rec.input_names(op_tensors(args, kwargs or {}))
         source = user_source_line()
         tags = ("angle",) if base in ANGLE_OPS else ()
         if is_rng and self.replay is not None:
@@ -317,19 +340,17 @@ class Capture:
             h.remove()
         self._handles.clear()
 
+    @contextmanager
     def _paused(self):
+        """Hooks compute statistics with torch ops: keep those out of the recording."""
         mode = self._mode
-
-        class _Pause:
-            def __enter__(self_inner):
-                if mode is not None:
-                    mode.paused = True
-
-            def __exit__(self_inner, *exc):
-                if mode is not None:
-                    mode.paused = False
-
-        return _Pause()
+        if mode is not None:
+            mode.paused = True
+        try:
+            yield
+        finally:
+            if mode is not None:
+                mode.paused = False
 
     def _pre_hook(self, path: str):
         def hook(module, args, kwargs):

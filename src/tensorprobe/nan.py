@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .bundle import Bundle
-from .capture import _ModuleStack, op_base_name, user_source_line
+from .capture import _ModuleStack, op_base_name, op_tensors, user_source_line
 from .diagnose import Evidence, diagnose, diagnose_from_stats
 from .errors import InputError
 from .record import KIND_MODEL_INPUT, Record, module_label, record_name
@@ -144,7 +144,7 @@ class _NanMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.origin is not None:
             return func(*args, **kwargs)
-        flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        flat_in = op_tensors(args, kwargs)
         # A mutating op overwrites its input: keep the values it started from, for the report.
         before = [t.clone() for t in flat_in] if func._schema.is_mutable else flat_in
         out = func(*args, **kwargs)
@@ -154,7 +154,7 @@ class _NanMode(TorchDispatchMode):
         key = (module, call, base)
         k = self.op_counts.get(key, 0)
         self.op_counts[key] = k + 1
-        flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        flat_out = op_tensors(out)
         bad = [i for i, t in enumerate(flat_out) if _has_nonfinite(t)]
         if bad:
             self.origin = self._finding(func, base, module, call, k, before, flat_out, bad[0])

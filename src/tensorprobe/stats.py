@@ -80,7 +80,7 @@ class TensorStats:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorStats":
-        known = {f for f in cls.__dataclass_fields__}
+        known = cls.__dataclass_fields__
         kw = {k: _from_json_float(v) for k, v in d.items() if k in known}
         kw["nonfinite_channel_idx"] = tuple(kw.get("nonfinite_channel_idx") or ())
         return cls(**kw)
