@@ -58,7 +58,8 @@ def test_killed_capture_recovered_from_journal(tmp_path):
     for i in range(3):
         t = torch.full((4,), float(i))
         w.add(_rec(f"r{i}", t, i), t)
-    w._journal.flush()  # the process "dies" here: no close(), manifest still says running
+    w._shard_writer.finish()  # the shards reached the disk...
+    w._journal.flush()  # ...and the process "dies" here: no close(), manifest still says running
     b = Bundle.open(tmp_path / "k")
     assert not b.complete and "did not finish" in b.error["message"]
     assert [r.name for r in b] == ["r0", "r1", "r2"]

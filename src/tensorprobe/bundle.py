@@ -27,7 +27,9 @@ import hashlib
 import json
 import os
 import platform
+import queue
 import shutil
+import threading
 import traceback
 import zipfile
 from pathlib import Path
@@ -120,6 +122,7 @@ class BundleWriter:
         self._pending_bytes = 0
         self._shards: list[str] = []
         self._closed = False
+        self._shard_writer = _ShardWriter()
         self._write_manifest(STATUS_RUNNING, None)
         self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
 
@@ -180,12 +183,10 @@ class BundleWriter:
         self._journal.flush()
 
     def flush(self) -> None:
-        """Write buffered tensors as one shard (atomically) and sync the journal."""
+        """Hand buffered tensors to the shard writer (one shard, written atomically) and sync the journal."""
         if self._pending:
             name = self._shard_name(len(self._shards))
-            tmp = self.path / f".{name}.tmp"
-            safetensors.torch.save_file(self._pending, str(tmp), metadata={"format": FORMAT})
-            os.replace(tmp, self.path / name)
+            self._shard_writer.submit(self.path / name, self._pending)
             self._shards.append(name)
             self._pending = {}
             self._pending_ptrs = set()
@@ -199,6 +200,9 @@ class BundleWriter:
         self.flush()
         self._journal.close()
         self._closed = True
+        write_error = self._shard_writer.finish()
+        if write_error is not None and error is None:
+            error = write_error
         err = None
         if error is not None:
             err = {"type": type(error).__name__, "message": str(error),
@@ -225,6 +229,46 @@ class BundleWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(error=exc)
+
+
+class _ShardWriter:
+    """Writes shards on a background thread, so disk I/O overlaps the forward that is being captured.
+
+    At most `depth` shards wait in the queue (memory stays bounded: the producer blocks when it is full).
+    A shard is written to a temporary name and renamed: a reader never sees half a shard.
+    """
+
+    def __init__(self, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tensorprobe-shard-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+        if self._error is not None:
+            raise BundleError(f"{path.parent}: writing a tensor shard failed: {self._error}")
+        self._queue.put((path, tensors))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            path, tensors = item
+            if self._error is None:
+                try:
+                    tmp = path.with_name(f".{path.name}.tmp")
+                    safetensors.torch.save_file(tensors, str(tmp), metadata={"format": FORMAT})
+                    os.replace(tmp, path)
+                except Exception as e:  # disk full, permissions: reported by finish()
+                    self._error = e
+            del tensors, item
+
+    def finish(self) -> BaseException | None:
+        """Wait for every queued shard; the first write error, if any."""
+        self._queue.put(None)
+        self._thread.join()
+        return self._error
 
 
 def describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
