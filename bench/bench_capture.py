@@ -6,6 +6,7 @@ sampling thread during the run, minus the RSS just before it.
 
     pip install torch==2.13.0 -e ".[kokoro,bench]"
     python bench/bench_capture.py --seconds 3 10 --reps 5 --json bench/results/capture.json
+    python bench/bench_capture.py --seconds 3 10 --memory --json bench/results/capture_memory.json
 """
 
 from __future__ import annotations
@@ -83,9 +84,12 @@ def nan_check(model, inputs, workdir):
 
 def torchlens_all(model, inputs, workdir):
     import torchlens
+    from torchlens.options import CaptureOptions
 
+    # TorchLens keeps every activation in RAM; its default budget (half the free memory) stops it at
+    # 10 s of audio, so lift the budget to measure it at all.
     with torch.no_grad():
-        trace = torchlens.trace(model, input_args=tuple(inputs))
+        trace = torchlens.trace(model, input_args=tuple(inputs), capture=CaptureOptions(save_budget=None))
     del trace
 
 
@@ -124,13 +128,52 @@ def bench(seconds: float, reps: int, modes: list[str]) -> dict:
     return results
 
 
+def run_once(mode: str, seconds: float) -> None:
+    """Child process of --memory: build the model, run `mode` once, print the peak RSS in MiB."""
+    import resource
+
+    model, inputs = kokoro.decoder(seconds)
+    with tempfile.TemporaryDirectory(prefix="tp-bench-", dir=os.environ.get("TP_BENCH_DIR")) as d:
+        (plain if mode == "plain" else MODES[mode])(model, inputs, Path(d))
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def memory(seconds_list: list[float], modes: list[str]) -> dict:
+    """Peak RSS of a fresh process per mode (in one process, freed memory stays with the allocator and
+    hides what a later mode needs), minus that of a process running a plain forward."""
+    import subprocess
+
+    out: dict = {}
+    for s in seconds_list:
+        peaks = {}
+        for mode in ["plain", *modes]:
+            p = subprocess.run([sys.executable, __file__, "--one", mode, "--seconds", str(s)],
+                               capture_output=True, text=True)
+            peaks[mode] = float(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
+            extra = (f"+{peaks[mode] - peaks['plain']:.0f} MiB over a plain forward" if peaks[mode] and mode != "plain"
+                     else "" if peaks[mode] else f"failed: {p.stderr.strip().splitlines()[-1][:120]}")
+            print(f"  {s:>4}s  {mode:<24} peak RSS {peaks[mode] or 0:7.0f} MiB  {extra}", flush=True)
+        out[str(s)] = peaks
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, nargs="+", default=[3.0, 10.0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--memory", action="store_true", help="peak RSS per mode, one fresh process each")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:
+        return run_once(args.one, args.seconds[0])
+    if args.memory:
+        result = memory(args.seconds, args.modes)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1))
+        return None
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "ram_gb": round(psutil.virtual_memory().total / 2**30), "torch": torch.__version__,
                "threads": torch.get_num_threads(), "python": platform.python_version()}
