@@ -15,9 +15,7 @@ two, and the first non-finite value on each side.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -25,6 +23,7 @@ import torch
 from .bundle import Bundle
 from .errors import InputError
 from .nan import NanOrigin, find_nonfinite_in_bundle
+from .runtimes.base import workdir
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
     adapter = get_runtime(runtime)
     adapter.require()
     step = progress or (lambda text: None)
-    with _outdir(out) as root:
+    with workdir(out, prefix="tensorprobe-compare-") as root:
         step("capturing the PyTorch reference")
         ref = capture(model, *inputs, level="module", keep="full", out=root / "ref")
         step(f"capturing in {runtime}")
@@ -160,20 +159,3 @@ def _notes(ref: Bundle, cand: Bundle, report: Any, cand_nan: NanOrigin, escapes:
                      f"counterpart (identity modules like Dropout, values merged by the exporter's optimizer, "
                      f"unused tuple outputs), e.g. {', '.join(unmatched[:3])}")
     return tuple(notes)
-
-
-class _outdir:
-    def __init__(self, out: str | os.PathLike | None):
-        self.out = out
-        self.tmp: tempfile.TemporaryDirectory | None = None
-
-    def __enter__(self) -> Path:
-        if self.out is not None:
-            Path(self.out).mkdir(parents=True, exist_ok=True)
-            return Path(self.out)
-        self.tmp = tempfile.TemporaryDirectory(prefix="tensorprobe-compare-")
-        return Path(self.tmp.name)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.tmp is not None:
-            self.tmp.cleanup()

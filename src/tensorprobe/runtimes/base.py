@@ -70,8 +70,8 @@ class RuntimeAdapter:
                 workdir: str | os.PathLike | None = None, **options: Any) -> Bundle:
         """Export `model` to this runtime, run it on `inputs`, and write every intermediate to `out`."""
         self.require()
-        with _workdir(workdir) as wd:
-            artifact = self._prepare(model, tuple(inputs), Path(wd), **options)
+        with _Workdir(workdir) as wd:
+            artifact = self._prepare(model, tuple(inputs), wd, **options)
             return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
                                           exclude=exclude, model_info={"class": type(model).__name__})
 
@@ -146,20 +146,28 @@ def _to_torch(value: Any) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
-class _workdir:
-    """A user-given directory, or a temporary one removed afterwards."""
+class workdir:
+    """A user-given directory (created if needed), or a temporary one removed on exit; yields a Path.
 
-    def __init__(self, path: str | os.PathLike | None):
+    >>> with workdir(None) as d:          # doctest: +SKIP
+    ...     (d / "model.onnx").write_bytes(b"...")
+    """
+
+    def __init__(self, path: str | os.PathLike | None, prefix: str = "tensorprobe-"):
         self._path = path
+        self._prefix = prefix
         self._tmp: tempfile.TemporaryDirectory | None = None
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> Path:
         if self._path is not None:
             Path(self._path).mkdir(parents=True, exist_ok=True)
-            return str(self._path)
-        self._tmp = tempfile.TemporaryDirectory(prefix="tensorprobe-")
-        return self._tmp.name
+            return Path(self._path)
+        self._tmp = tempfile.TemporaryDirectory(prefix=self._prefix)
+        return Path(self._tmp.name)
 
     def __exit__(self, *exc: Any) -> None:
         if self._tmp is not None:
             self._tmp.cleanup()
+
+
+_Workdir = workdir  # `capture()` has a parameter named `workdir`
