@@ -231,15 +231,21 @@ def to_frames(array: Any, layout_max_channels: float = 16) -> tuple[np.ndarray, 
                      f"channels (a spectrogram or a batch?)")
 
 
-def _as_numpy(array: Any) -> np.ndarray:
-    if hasattr(array, "detach") and hasattr(array, "cpu"):  # torch tensor, converted at the edge
+def as_numeric_array(array: Any, what: str = "audio") -> np.ndarray:
+    """NumPy view of a NumPy/torch/list value (torch converted at the edge); `InputError` unless numeric."""
+    if hasattr(array, "detach") and hasattr(array, "cpu"):
         array = array.detach().cpu()
         if str(array.dtype) in ("torch.bfloat16", "torch.float16"):
             array = array.float()
         array = array.numpy()
     x = np.asarray(array)
     if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
-        raise InputError(f"audio must be a numeric array, got dtype {x.dtype}")
+        raise InputError(f"{what} must be a numeric array, got dtype {x.dtype}")
+    return x
+
+
+def _as_numpy(array: Any) -> np.ndarray:
+    x = as_numeric_array(array, "audio")
     if np.iscomplexobj(x):
         raise InputError("audio must be real-valued, got a complex array")
     return x

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..audio.check import Thresholds, _jsonable
+from ..audio.check import Thresholds, _jsonable, as_numeric_array
 from ..audio.check import check as check_audio_array
 from ..errors import InputError
 
@@ -48,15 +48,7 @@ def _f(stage: str, check: str, severity: str, message: str, **figures: Any) -> S
 
 def as_array(x: Any, what: str) -> np.ndarray:
     """numpy view of a numpy/torch/list value (torch converted at the edge)."""
-    if hasattr(x, "detach") and hasattr(x, "cpu"):
-        x = x.detach().cpu()
-        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
-            x = x.float()
-        x = x.numpy()
-    a = np.asarray(x)
-    if a.dtype == object or not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
-        raise InputError(f"{what} must be numeric, got {a.dtype}")
-    return a
+    return as_numeric_array(x, what)
 
 
 def _nonfinite(stage: str, a: np.ndarray) -> list[StageFinding]:
