@@ -67,7 +67,8 @@ def with_gains(results: list[PairResult], ref_records: Sequence[Record]) -> tupl
         if p.rel_err is not None:
             prev = p.name
             carrier = p.name if p.rel_err > 0 else carrier
-        if not known or p.rel_err is None:
+        if not known or p.rel_err is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT):
+            # A random draw or a model input consumes nothing: its error is made there, not amplified.
             out.append(p)
             continue
         rin = max(known)
