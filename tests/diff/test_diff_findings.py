@@ -164,3 +164,26 @@ def test_stats_only_bundles_are_reported_not_compared(tmp_path):
     ref = tp.capture(m, f0, level="module", keep="stats", out=tmp_path / "ref")
     r = diff(ref, ref)
     assert {p.status for p in r.pairs if p.kind == "output"} == {"no_data"}
+
+
+def test_random_draw_is_not_ranked_as_amplifier(tmp_path):
+    """A re-drawn random tensor has no inputs: its error is made, not amplified (no gain, no amplifier)."""
+
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x) + 1e-3 * torch.rand_like(x)
+
+    torch.manual_seed(0)
+    model, x = Noisy(), torch.randn(4, 8)
+    torch.manual_seed(1)
+    ref = tp.capture(model, x, keep="full", out=tmp_path / "ref")
+    torch.manual_seed(2)
+    cand = tp.capture(model, x, keep="full", out=tmp_path / "cand")
+    report = tp.diff(ref, cand)
+    rng = report.pair("<root>/rand_like.0")
+    assert rng.failed and rng.gain is None
+    assert all(a.name != rng.name for a in report.amplifiers)
