@@ -22,7 +22,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-console = Console()
+# Piped output (CI logs, `| less`) gets a wide fixed width instead of rich's 80 columns, so tables stay tables.
+console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, soft_wrap=True)  # one error = one line, whatever the width
 
 JSON_SCHEMA_VERSION = 1

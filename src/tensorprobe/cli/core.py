@@ -71,10 +71,16 @@ def capture(
                                   keep=keep, include=include, exclude=exclude, **options)
         else:
             with progress(f"capturing {target}", enabled=not json_out) as advance:
-                bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
-                                      include=include, exclude=exclude, out=out, record_inputs=record_inputs,
-                                      replay_rng=str(replay_rng) if replay_rng else None,
-                                      on_record=lambda r: advance(), **tgt.kwargs)
+                try:
+                    bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
+                                          include=include, exclude=exclude, out=out, record_inputs=record_inputs,
+                                          replay_rng=str(replay_rng) if replay_rng else None,
+                                          on_record=lambda r: advance(), **tgt.kwargs)
+                except InputError as e:
+                    if (out / "manifest.json").exists() and "forward raised" in str(e):
+                        raise InputError(f"{e} — the records made before the failure are in {out} "
+                                         f"(marked incomplete): tensorprobe show {out}") from None
+                    raise
     _report_capture(bundle, time.perf_counter() - t0, json_out)
 
 
