@@ -34,6 +34,7 @@ from .diff.metrics import accumulate, evaluate
 from .diff.result import Criteria
 from .errors import TensorprobeError
 from .record import module_label, record_name
+from .hooks import module_hooks
 
 _EPS32 = 1.1920929e-07
 RNG_STATE = "state"
@@ -156,19 +157,13 @@ def record_candidate(model: torch.nn.Module, paths: list[str], args: tuple, kwar
                                        if isinstance(t, torch.Tensor)]
         return hook
 
-    handles = []
     try:
-        for p in paths:
-            if p in named:
-                handles.append(named[p].register_forward_pre_hook(pre(p), with_kwargs=True))
-                handles.append(named[p].register_forward_hook(post(p), always_call=True))
-        with torch.no_grad():
+        with module_hooks(((p, named[p]) for p in paths if p in named), pre=pre, post=post, pre_kwargs=True,
+                          always_call=True), torch.no_grad():
             model(*args, **kwargs)
     finally:
         if initial_state is not None:
             set_rng_state(initial_state)  # the reference then draws what the candidate drew
-        for h in handles:
-            h.remove()
     return own
 
 
@@ -229,23 +224,16 @@ class ReferencePass:
 
     def run(self, inputs: tuple, kwinputs: dict, initial_state: tuple | None = None) -> None:
         named = dict(self.model.named_modules())
-        handles = []
         if initial_state is not None:
             set_rng_state(initial_state)
         self.initial_state = rng_state()
-        try:
-            for p in self.paths:
-                handles.append(named[p].register_forward_pre_hook(self._pre(p), with_kwargs=True))
-                handles.append(named[p].register_forward_hook(self._post(p), always_call=True))
-            with torch.no_grad():
-                if self.tap is not None:
-                    with self.tap:
-                        self.model(*inputs, **kwinputs)
-                else:
+        with module_hooks(((p, named[p]) for p in self.paths), pre=self._pre, post=self._post, pre_kwargs=True,
+                          always_call=True), torch.no_grad():
+            if self.tap is not None:
+                with self.tap:
                     self.model(*inputs, **kwinputs)
-        finally:
-            for h in handles:
-                h.remove()
+            else:
+                self.model(*inputs, **kwinputs)
 
     def _pre(self, path: str):
         def hook(module, args, kwargs):
@@ -380,10 +368,9 @@ def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple,
                     out[name] = _pair(r, c, criteria, dtype_str(c))
         return hook
 
-    handles = [named[p].register_forward_hook(post(p)) for p in ref_pass.paths if p in named]
     after = rng_state()
     try:
-        with torch.no_grad():
+        with module_hooks(((p, named[p]) for p in ref_pass.paths if p in named), post=post), torch.no_grad():
             if ref_pass.rng == RNG_TENSORS and ref_pass.noise:
                 from .rng import RngReplay
                 with RngReplay(list(ref_pass.noise), cast=True):
@@ -394,6 +381,4 @@ def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple,
                 model(*args, **kwargs)
     finally:
         set_rng_state(after)
-        for h in handles:
-            h.remove()
     return out

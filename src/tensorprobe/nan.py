@@ -30,6 +30,7 @@ from .diagnose import Evidence, diagnose, diagnose_from_stats
 from .errors import InputError
 from .record import KIND_MODEL_INPUT, Record, module_label, record_name
 from .stats import TensorStats, compute_stats
+from .hooks import module_hooks
 
 MAX_PROPAGATION = 12
 
@@ -206,14 +207,11 @@ def find_first_nonfinite(model: torch.nn.Module, *inputs: Any, spread: bool = Tr
     types = {path: type(m).__name__ for path, m in model.named_modules()}
     mode = _NanMode(modules, types)
     spread_list: list[Spread] = []
-    handles = []
-    for path, m in model.named_modules():
-        handles.append(m.register_forward_pre_hook(_enter_hook(path, modules)))
-        handles.append(m.register_forward_hook(_spread_hook(path, modules, mode, spread_list, spread),
-                                               always_call=True))
+    hooks = module_hooks(model.named_modules(), pre=lambda p: _enter_hook(p, modules),
+                         post=lambda p: _spread_hook(p, modules, mode, spread_list, spread), always_call=True)
     note = None
     try:
-        with torch.no_grad(), mode:
+        with hooks, torch.no_grad(), mode:
             model(*inputs, **kwinputs)
     except _Stop:
         pass
@@ -221,9 +219,6 @@ def find_first_nonfinite(model: torch.nn.Module, *inputs: Any, spread: bool = Tr
         if mode.origin is None:
             raise
         note = f"the forward raised after the origin: {type(e).__name__}: {e}"
-    finally:
-        for h in handles:
-            h.remove()
     if mode.origin is None:
         return NanOrigin(found=False, ops_checked=mode.ops)
     o = mode.origin

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import TensorprobeError
 from ..record import module_label
+from ..hooks import module_hooks
 
 STATUS_OK = "ok"
 STATUS_NONFINITE = "nonfinite"  # the runtime made NaN/Inf where PyTorch is finite
@@ -105,16 +106,9 @@ def record_calls(model: torch.nn.Module, inputs: tuple) -> dict[str, _Call]:
                                            if isinstance(t, torch.Tensor)])
         return hook
 
-    handles = []
-    for path, m in model.named_modules():
-        handles.append(m.register_forward_pre_hook(pre(path), with_kwargs=True))
-        handles.append(m.register_forward_hook(post(path), with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
+    with module_hooks(model.named_modules(), pre=pre, post=post, pre_kwargs=True, post_kwargs=True), \
+            torch.no_grad():
+        model(*inputs)
     return calls
 
 

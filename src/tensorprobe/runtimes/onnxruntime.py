@@ -36,6 +36,7 @@ from ..errors import InputError, TargetError
 from ..record import KIND_OUTPUT, KIND_RNG, parse_name
 from ._onnx_names import MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
 from .base import RuntimeAdapter, RuntimeTensor
+from ..hooks import module_hooks
 
 EXPORTERS = ("dynamo", "legacy")
 _MIN_BUDGET = 256 << 20
@@ -289,7 +290,6 @@ def tuple_output_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list
 
     shapes: dict[str, list[list[int]]] = {}
     calls: dict[str, int] = {}
-    handles = []
 
     def hook(path: str):
         def fn(module: Any, args: Any, output: Any) -> None:
@@ -300,14 +300,8 @@ def tuple_output_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list
                 shapes[f"{path}@{call}"] = [list(t.shape) for t in flat]
         return fn
 
-    for path, mod in model.named_modules():
-        handles.append(mod.register_forward_hook(hook(path)))
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
+    with module_hooks(model.named_modules(), post=hook), torch.no_grad():
+        model(*inputs)
     return shapes
 
 
