@@ -15,7 +15,11 @@ from tensorprobe.audio.check import CHECK_NAMES, dbfs
 T = Thresholds()
 float_arrays = arrays(
     dtype=st.sampled_from([np.float32, np.float64, np.float16]),
-    shape=array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=400),
+    # Shapes are bounded in total size: a (400, 400, 400) draw overruns Hypothesis's
+    # data buffer and gets filtered, which failed the health check on a slow CI run.
+    shape=st.one_of(array_shapes(min_dims=1, max_dims=1, min_side=0, max_side=2000),
+                    array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=40),
+                    array_shapes(min_dims=3, max_dims=3, min_side=0, max_side=12)),
     elements=st.floats(allow_nan=True, allow_infinity=True, width=16),
 )
 int_arrays = arrays(dtype=st.sampled_from([np.int16, np.int32, np.uint8]),
