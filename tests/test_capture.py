@@ -70,6 +70,42 @@ def test_random_ops_recorded_at_module_level():
     assert [r.name for r in rng] == ["<root>/randn_like.0"] and rng[0].has_tensor
 
 
+def test_module_level_records_the_same_random_ops_as_op_level_and_restores_torch():
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            h = x + torch.randn_like(x)
+            return self.drop(h * (1 + torch.empty(3).normal_(0.0, 0.1)))
+
+    model = Noisy().train()
+    originals = (torch.randn_like, torch.nn.functional.dropout)
+    names = {}
+    for level in ("module", "op"):
+        torch.manual_seed(0)
+        b = tp.capture(model, torch.zeros(2, 3), level=level)
+        names[level] = [r.name for r in b if r.kind == "rng"]
+    assert names["module"] == names["op"] == ["<root>/randn_like.0", "<root>/normal_.0", "drop/bernoulli_.float.0"]
+    assert (torch.randn_like, torch.nn.functional.dropout) == originals
+    assert "normal_" not in torch.Tensor.__dict__  # the inherited method is uncovered again
+
+
+def test_module_level_says_when_the_model_drew_noise_it_could_not_record():
+    draw = torch.randn  # bound before the capture: the module level cannot see this call
+
+    class Hidden(torch.nn.Module):
+        def forward(self, x):
+            return x + draw(3)
+
+    with pytest.warns(UserWarning, match="level='op'"):
+        b = tp.capture(Hidden(), torch.zeros(3))
+    assert "level='op'" in b.manifest["warnings"][0]
+    assert not [r for r in b if r.kind == "rng"]
+    assert [r.name for r in tp.capture(Hidden(), torch.zeros(3), level="op") if r.kind == "rng"] == ["<root>/randn.0"]
+
+
 def test_context_manager_around_user_code():
     model = Looped()
     with tp.capture(model, level="module") as cap:

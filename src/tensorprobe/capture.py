@@ -27,10 +27,12 @@ As a context manager around your own code:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
 import tempfile
+import warnings
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
@@ -151,6 +153,7 @@ class _Recorder:
         self.order = 0
         self.producer = WeakTensorKeyDictionary()  # tensor -> name of the record that produced it
         self.op_counts: dict[tuple[str, int, str], int] = {}
+        self.rng_records = 0
 
     def wanted(self, name: str, kind: str) -> bool:
         if kind in (KIND_RNG, KIND_MODEL_INPUT):
@@ -180,6 +183,7 @@ class _Recorder:
         store = self.keep_full or kind in (KIND_RNG, KIND_MODEL_INPUT)
         rec = self.writer.add(rec, t if store else None)
         self.order += 1
+        self.rng_records += kind == KIND_RNG
         self.producer[t] = rec.name
         if self.on_record is not None:
             self.on_record(rec)
@@ -195,6 +199,7 @@ class _OpMode(TorchDispatchMode):
         self.all_ops = all_ops
         self.replay = replay  # an rng.RngReplay: random ops return recorded tensors instead of fresh draws
         self.paused = False  # set while hooks compute statistics, so their ops are not recorded
+        self.entered = False  # module level: set while a random entry point runs inside the mode
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         replay = self.replay
@@ -237,6 +242,72 @@ class _OpMode(TorchDispatchMode):
         if name is not None:
             for t in flat_out:
                 self.recorder.producer[t] = name
+
+
+# Python entry points that draw random numbers. At module level the dispatch mode is entered only inside
+# these calls: a mode that sees every op costs ~0.1x of a forward there, for the handful of ops that matter.
+_RNG_ENTRY_POINTS: dict[Any, tuple[str, ...]] = {
+    torch: ("rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "normal",
+            "bernoulli", "multinomial", "poisson", "binomial", "dropout", "feature_dropout", "alpha_dropout",
+            "feature_alpha_dropout", "rrelu"),
+    torch.nn.functional: ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                          "feature_alpha_dropout", "rrelu", "gumbel_softmax"),
+    torch.Tensor: ("normal_", "uniform_", "bernoulli_", "bernoulli", "exponential_", "geometric_", "cauchy_",
+                   "log_normal_", "random_", "multinomial"),
+}
+
+
+class _RngEntryPoints:
+    """While active, every call of a `_RNG_ENTRY_POINTS` function runs inside `mode`.
+
+    The patches are process-wide (refcounted, so nested captures share them); calls on other threads
+    or through names bound before the capture began are not seen, which `Capture` detects afterwards
+    from the generator state and reports."""
+
+    _active: list["_OpMode"] = []
+    _saved: dict[tuple[Any, str], Any] = {}
+
+    def __init__(self, mode: "_OpMode"):
+        self.mode = mode
+
+    def __enter__(self) -> "_RngEntryPoints":
+        if not self._active:
+            for owner, names in _RNG_ENTRY_POINTS.items():
+                for name in names:
+                    original = owner.__dict__.get(name)
+                    if original is None and not hasattr(owner, name):
+                        continue  # not in this torch version
+                    self._saved[(owner, name)] = original
+                    setattr(owner, name, _entering_mode(getattr(owner, name)))
+        self._active.append(self.mode)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._active.remove(self.mode)
+        if self._active:
+            return
+        for (owner, name), original in self._saved.items():
+            if original is None:
+                delattr(owner, name)  # it was inherited (a TensorBase method): uncover it again
+            else:
+                setattr(owner, name, original)
+        self._saved.clear()
+
+
+def _entering_mode(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        active = _RngEntryPoints._active
+        mode = active[-1] if active else None
+        if mode is None or mode.entered:
+            return fn(*args, **kwargs)  # nested entry point (F.dropout -> torch.dropout): already inside
+        mode.entered = True
+        try:
+            with mode:
+                return fn(*args, **kwargs)
+        finally:
+            mode.entered = False
+    return wrapper
 
 
 class Capture:
@@ -330,24 +401,44 @@ class Capture:
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._post_hook(path), always_call=True))
         self._mode = _OpMode(self._recorder, self._modules, all_ops=self.level == "op", replay=self.replay)
-        self._mode.__enter__()
+        if self.level == "op":
+            self._active = self._mode
+        else:
+            self._rng_state = _generator_state()
+            self._active = _RngEntryPoints(self._mode)
+        self._active.__enter__()
 
     def _uninstall(self) -> None:
         if self._mode is not None:
-            self._mode.__exit__(None, None, None)
+            self._active.__exit__(None, None, None)
+            if self.level == "module":
+                self._check_unseen_draws()
             self._mode = None
         for h in self._handles:
             h.remove()
         self._handles.clear()
 
+    def _check_unseen_draws(self) -> None:
+        """The generator moved but no random op was recorded: the model draws through a path the module
+        level cannot see (a C++ op, a name imported before the capture). Say so instead of staying silent."""
+        if self._recorder.rng_records or _generator_state() == self._rng_state:
+            return
+        msg = ("the model drew random numbers that module-level capture could not record; "
+               "capture with level='op' to record (and replay) them")
+        assert self._writer is not None
+        self._writer.set_header(warnings=[msg])
+        warnings.warn(msg, stacklevel=4)
+
     @contextmanager
     def _paused(self):
-        """Hooks compute statistics with torch ops: keep those out of the recording."""
+        """Hooks compute statistics with torch ops: keep those out of the recording. Python dispatch is
+        switched off too, so those ops skip the mode's Python handler (~10 µs each, thousands per forward)."""
         mode = self._mode
         if mode is not None:
             mode.paused = True
         try:
-            yield
+            with torch._C._DisableTorchDispatch():
+                yield
         finally:
             if mode is not None:
                 mode.paused = False
@@ -425,6 +516,11 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
         cap.run(*inputs, **kwinputs)
     assert cap.bundle is not None
     return cap.bundle
+
+
+def _generator_state() -> bytes:
+    """The default CPU generator's state (a few KB), to tell whether anything drew from it."""
+    return bytes(torch.default_generator.get_state().numpy())
 
 
 def _compile(pattern: str | None, what: str) -> re.Pattern | None:

@@ -1,9 +1,9 @@
 """Full-tensor statistics in as few passes as possible.
 
 Probes that look at head/tail slices mislead (seed 000 blamed the wrong layer that way): every
-statistic here covers every element. The common case, a finite float tensor, costs two kernels:
-`var_mean` (whose mean is finite only if every element is finite, so it doubles as the finiteness
-check) and `aminmax`. Only a tensor that holds NaN/Inf pays for masks and the per-channel analysis.
+statistic here covers every element. The common case, a finite float tensor, costs three kernels:
+a `sum` (finite only if every element is finite, so it doubles as the finiteness check), `aminmax`,
+and row norms for the sum of squares. Only a tensor that holds NaN/Inf pays for masks and the per-channel analysis.
 
     >>> import torch
     >>> x = torch.ones(1, 4, 3); x[0, 1] = float("nan")
@@ -125,7 +125,7 @@ def _float_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
     # A finite sum is proof that every element is finite: any NaN or Inf would propagate.
     mean = total / n
     mn, mx = torch.aminmax(x)
-    sumsq = torch.linalg.vector_norm(x, dtype=acc).item() ** 2
+    sumsq = _sum_of_squares(x, acc)
     var = sumsq / n - mean * mean
     if not math.isfinite(sumsq) or var < _CANCELLATION_RATIO * mean * mean:
         var = _two_pass_var(x, mean)
@@ -134,6 +134,27 @@ def _float_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
         numel=n, min=mn_v, max=mx_v, mean=mean, std=math.sqrt(max(var, 0.0)),
         absmax=max(abs(mn_v), abs(mx_v)), **_channel_count(x, channel_dim),
     )
+
+
+# Row length for the sum of squares: each row's norm is accumulated in float32 over at most this many
+# elements, and the rows are added in float64.
+_SUMSQ_ROW = 1 << 14
+
+
+def _sum_of_squares(x: torch.Tensor, acc: torch.dtype | None) -> float:
+    """Σx², accurate to ~1e-7 at any size. One `vector_norm` over a whole 40M-element tensor is off by
+    ~0.6% (float32 accumulation); norms of 16K-element rows, squared and summed in float64, are exact
+    to float32 rounding and, as one batched kernel, ~1.5x faster in cache."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    head = n - n % _SUMSQ_ROW
+    total = 0.0
+    if head:
+        rows = torch.linalg.vector_norm(flat[:head].view(-1, _SUMSQ_ROW), dim=1, dtype=acc)
+        total = float(rows.double().square().sum())
+    if head < n:
+        total += float(torch.linalg.vector_norm(flat[head:], dtype=acc)) ** 2
+    return total
 
 
 def _two_pass_var(x: torch.Tensor, mean: float) -> float:

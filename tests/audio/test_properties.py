@@ -23,7 +23,8 @@ float_arrays = arrays(
     elements=st.floats(allow_nan=True, allow_infinity=True, width=16),
 )
 int_arrays = arrays(dtype=st.sampled_from([np.int16, np.int32, np.uint8]),
-                    shape=array_shapes(min_dims=1, max_dims=2, min_side=0, max_side=600))
+                    shape=st.one_of(array_shapes(min_dims=1, max_dims=1, min_side=0, max_side=2000),
+                                    array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=40)))
 rates = st.one_of(st.sampled_from([16000, 24000, 44100]), st.floats(allow_nan=True, allow_infinity=True))
 
 
