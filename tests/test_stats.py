@@ -98,3 +98,23 @@ def test_std_of_a_large_tensor_is_exact_to_float32_rounding():
     s = compute_stats(x)
     assert s.std == pytest.approx(ref.std(unbiased=False).item(), rel=1e-6)
     assert s.mean == pytest.approx(ref.mean().item(), rel=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(dtype=st.sampled_from([np.float32, np.float64]), shape=st.integers(1, 9000),
+              elements=st.floats(-2.0**50, 2.0**50, width=32)))
+def test_fused_pass_matches_float64_reference(a):
+    s = compute_stats(a)
+    ref = a.astype(np.float64)
+    assert (s.min, s.max) == (float(ref.min()), float(ref.max()))
+    assert s.mean == pytest.approx(float(ref.mean()), rel=1e-5, abs=1e-5 * float(np.abs(ref).max()))
+    assert s.absmax == float(np.abs(ref).max())
+
+
+def test_non_contiguous_and_half_tensors_take_the_torch_path_with_the_same_figures():
+    x = torch.randn(64, 300, generator=torch.Generator().manual_seed(1))
+    a, b, c = compute_stats(x), compute_stats(x.t()), compute_stats(x.double())
+    assert (a.min, a.max) == (b.min, b.max) and a.std == pytest.approx(b.std, rel=1e-6)
+    assert c.std == pytest.approx(a.std, rel=1e-6)
+    h = compute_stats(x.half())
+    assert h.std == pytest.approx(a.std, rel=1e-3)

@@ -1,9 +1,9 @@
 """Full-tensor statistics in as few passes as possible.
 
 Probes that look at head/tail slices mislead (seed 000 blamed the wrong layer that way): every
-statistic here covers every element. The common case, a finite float tensor, costs three kernels:
-a `sum` (finite only if every element is finite, so it doubles as the finiteness check), `aminmax`,
-and row norms for the sum of squares. Only a tensor that holds NaN/Inf pays for masks and the per-channel analysis.
+statistic here covers every element. The common case, a finite float32/float64 tensor, costs one
+compiled pass (`_stats_kernel`) giving Σx, Σx², min and max; a finite Σx is proof that every element is
+finite, so it doubles as the finiteness check. Other float dtypes use three torch reductions. Only a tensor that holds NaN/Inf pays for masks and the per-channel analysis.
 
     >>> import torch
     >>> x = torch.ones(1, 4, 3); x[0, 1] = float("nan")
@@ -117,23 +117,47 @@ _CANCELLATION_RATIO = 1e-3
 
 def _float_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
     n = x.numel()
-    # Vectorised reductions only: torch.var_mean (Welford) is ~100x slower than a sum on CPU.
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
-    total = x.sum(dtype=acc).item()
+    moments = _fused_moments(x)
+    if moments is not None:
+        total, sumsq, mn_v, mx_v = moments
+    else:
+        # Vectorised torch reductions: torch.var_mean (Welford) is ~100x slower than a sum on CPU.
+        total = x.sum(dtype=acc).item()
     if not math.isfinite(total):
         return _nonfinite_float_stats(x if acc is None else x.float(), channel_dim)
     # A finite sum is proof that every element is finite: any NaN or Inf would propagate.
+    if moments is None:
+        mn, mx = torch.aminmax(x)
+        mn_v, mx_v = mn.item(), mx.item()
+        sumsq = _sum_of_squares(x, acc)
     mean = total / n
-    mn, mx = torch.aminmax(x)
-    sumsq = _sum_of_squares(x, acc)
     var = sumsq / n - mean * mean
     if not math.isfinite(sumsq) or var < _CANCELLATION_RATIO * mean * mean:
         var = _two_pass_var(x, mean)
-    mn_v, mx_v = mn.item(), mx.item()
     return TensorStats(
         numel=n, min=mn_v, max=mx_v, mean=mean, std=math.sqrt(max(var, 0.0)),
         absmax=max(abs(mn_v), abs(mx_v)), **_channel_count(x, channel_dim),
     )
+
+
+_kernel: Any = None
+
+
+def _fused_moments(x: torch.Tensor) -> tuple[float, float, float, float] | None:
+    """(Σx, Σx², min, max) in one compiled pass for contiguous float32/float64 CPU tensors, else None.
+    Over a Kokoro forward's op outputs this is ~2.5x faster than the three torch reductions."""
+    global _kernel
+    if x.dtype not in (torch.float32, torch.float64) or x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    if _kernel is None:
+        from . import _stats_kernel  # Numba: imported (and compiled, once, cached) on first use
+        _kernel = _stats_kernel
+    try:
+        flat = x.reshape(-1).numpy()
+    except (RuntimeError, TypeError):  # tensor subclasses and other tensors NumPy cannot view
+        return None
+    return _kernel.moments(flat)
 
 
 # Row length for the sum of squares: each row's norm is accumulated in float32 over at most this many
