@@ -3,6 +3,9 @@
 Every element is read once, widened to float64, and feeds all sums at the same time; each block of
 `BLOCK` elements has its own float64 partials (one thread per block range), and the block partials are
 added pairwise by NumPy. Field order matches `metrics._SUM_FIELDS` / `metrics._MAX_FIELDS`.
+
+All-finite pairs (the common case) take `_fast_block`, which LLVM vectorizes: ~6 GB/s per side per
+core, against ~2 GB/s for the careful `_block` that non-finite data falls back to.
 """
 
 from __future__ import annotations
@@ -77,16 +80,17 @@ def _block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, angle, out_s, out_
     out_m[b, 2] = rawmax
 
 
-@numba.njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
-def _fast_block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, out_s, out_m, b):
-    """All-finite data, no angle: no finiteness tests, no wrapping (~2 GB/s per side per core).
-    Non-finite data make the sums non-finite, and the caller then reruns the careful kernel.
+SUB = 2048  # elements per vectorized sub-block: its two float64 buffers stay in L1/L2
 
-    (The float max-reductions keep LLVM from vectorizing this loop; a vectorized variant that reduces
-    the maxima as int64 bit patterns through a buffer measured slower, 1.55 vs 2.0 GB/s per core.)"""
+
+@numba.njit(fastmath=True, cache=True, nogil=True, error_model="numpy")
+def _fast_sub(r, c, shift_r, shift_c, floor, atol, rtol, abs_buf, rel_buf):
+    """Sums of one sub-block; |d| and |d|/(|r|+floor) go to buffers, whose maxima the caller takes as
+    integer bit patterns (for non-negative floats those order like the values). Float max-reductions
+    and an offset loop index (its wrap-around check) both keep LLVM from vectorizing, so neither is
+    used here: r and c are slices starting at 0."""
     sabs = sr = sc = srr = scc = src = sdd = viol = 0.0
-    mabs = mrel = 0.0
-    for i in range(lo, hi):
+    for i in range(r.shape[0]):
         x = np.float64(r[i])
         y = np.float64(c[i])
         d = y - x
@@ -102,24 +106,59 @@ def _fast_block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, out_s, out_m,
         src += xs * ys
         sdd += d * d
         viol += ad > atol + rtol * ax
-        mabs = max(mabs, ad)
-        mrel = max(mrel, ad / (ax + floor))
+        abs_buf[i] = ad
+        rel_buf[i] = ad / (ax + floor)
+    return sabs, sr, sc, srr, scc, src, sdd, viol
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _max_bits(bits):
+    m = np.int64(0)
+    for i in range(bits.shape[0]):
+        m = max(m, bits[i])
+    return m
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _fast_block(r, c, lo, hi, shift_r, shift_c, floor, atol, rtol, out_s, out_m, b):
+    """All-finite data, no angle: no finiteness tests, no wrapping (~6 GB/s per side per core).
+    Non-finite data make the sums non-finite, and the caller then reruns the careful kernel."""
+    abs_buf = np.empty(SUB)
+    rel_buf = np.empty(SUB)
+    abs_bits = abs_buf.view(np.int64)
+    rel_bits = rel_buf.view(np.int64)
+    tot = np.zeros(8)
+    mabs = np.int64(0)
+    mrel = np.int64(0)
+    for start in range(lo, hi, SUB):
+        stop = min(hi, start + SUB)
+        m = stop - start
+        part = _fast_sub(r[start:stop], c[start:stop], shift_r, shift_c, floor, atol, rtol,
+                         abs_buf[:m], rel_buf[:m])
+        for k in range(8):
+            tot[k] += part[k]
+        mabs = max(mabs, _max_bits(abs_bits[:m]))
+        mrel = max(mrel, _max_bits(rel_bits[:m]))
+    maxima = np.empty(2, np.int64)
+    maxima[0] = mabs
+    maxima[1] = mrel
+    as_float = maxima.view(np.float64)
     n = hi - lo
     out_s[b, 0] = n
     out_s[b, 1] = n
     out_s[b, 2] = n
-    out_s[b, 4] = sabs
-    out_s[b, 5] = sr
-    out_s[b, 6] = sc
-    out_s[b, 7] = srr
-    out_s[b, 8] = scc
-    out_s[b, 9] = src
-    out_s[b, 10] = sdd
-    out_s[b, 11] = sdd
-    out_s[b, 13] = viol
-    out_m[b, 0] = mabs
-    out_m[b, 1] = mrel
-    out_m[b, 2] = mabs
+    out_s[b, 4] = tot[0]
+    out_s[b, 5] = tot[1]
+    out_s[b, 6] = tot[2]
+    out_s[b, 7] = tot[3]
+    out_s[b, 8] = tot[4]
+    out_s[b, 9] = tot[5]
+    out_s[b, 10] = tot[6]
+    out_s[b, 11] = tot[6]
+    out_s[b, 13] = tot[7]
+    out_m[b, 0] = as_float[0]
+    out_m[b, 1] = as_float[1]
+    out_m[b, 2] = as_float[0]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
