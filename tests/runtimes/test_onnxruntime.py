@@ -80,6 +80,40 @@ def test_segmented_run_equals_single_run(tiny, tmp_path):
         np.testing.assert_array_equal(seg.numpy(r.name), one.numpy(r.name))
 
 
+def test_stats_reduced_in_the_graph_equal_stats_of_whole_values(tiny, tmp_path):
+    model, inputs = tiny
+    ort = get_runtime("onnxruntime")
+    whole = ort.capture(model, inputs, out=tmp_path / "whole", keep="stats", in_graph_stats=False)
+    assert ort.last_run["session_runs"] == 1 and "statistics_in_graph" not in ort.last_run
+    reduced = ort.capture(model, inputs, out=tmp_path / "reduced", keep="stats")
+    not_float = {r.runtime_name for r in whole if not r.dtype.startswith(("float", "bfloat"))}
+    assert not_float and ort.last_run["fetched_whole"] == len(not_float)   # bool masks come back whole
+    assert ort.last_run["statistics_in_graph"] > 5
+    assert [r.name for r in reduced] == [r.name for r in whole]
+    for a, b in zip(whole, reduced):
+        assert (a.shape, a.dtype, a.runtime_name) == (b.shape, b.dtype, b.runtime_name), a.name
+        assert (b.stats.min, b.stats.max, b.stats.channels) == (a.stats.min, a.stats.max, a.stats.channels), a.name
+        assert b.stats.mean == pytest.approx(a.stats.mean, rel=1e-5, abs=1e-6), a.name
+        assert b.stats.std == pytest.approx(a.stats.std, rel=1e-4, abs=1e-5), a.name
+
+
+def test_stats_of_nonfinite_values_are_counted_on_the_whole_value(tmp_path):
+    class HalfNan(torch.nn.Module):
+        def forward(self, x):
+            y = torch.sqrt(x) * 2          # channels 0 and 2 of x are negative: NaN there
+            return y.sum(dim=1, keepdim=True) + x.abs().mean()
+
+    x = torch.ones(1, 4, 6)
+    x[:, 0::2] = -1.0
+    ort = get_runtime("onnxruntime")
+    b = ort.capture(HalfNan(), (x,), out=tmp_path / "nan", keep="stats")
+    assert ort.last_run["fetched_whole"] >= 2 and ort.last_run["session_runs"] == 2
+    sqrt = next(r for r in b if r.op == "Sqrt")
+    assert sqrt.stats.nan == 12 and sqrt.stats.nonfinite_channels == 2
+    assert sqrt.stats.nonfinite_channel_idx == (0, 2)
+    assert all(r.stats.all_finite for r in b if r.op == "Abs")
+
+
 def test_legacy_exporter_atan2_nan_is_found_by_compare(tmp_path):
     class Phase(torch.nn.Module):
         def forward(self, x):

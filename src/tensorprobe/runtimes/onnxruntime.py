@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from ..errors import InputError, TargetError
-from ..record import KIND_OUTPUT, KIND_RNG, parse_name
+from ..record import KIND_OUTPUT, KIND_RNG, dtype_name, parse_name
+from ..stats import TensorStats, compute_stats, from_moments
 from ._onnx_names import MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
 from .base import RuntimeAdapter, RuntimeTensor
 from ..hooks import module_hooks
@@ -64,6 +65,8 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             names carry no module path.
         max_bytes: memory budget for outputs held at once (default: a third of available memory).
         threads: ONNX Runtime intra-op threads (default: ORT's choice).
+        in_graph_stats: with keep="stats", reduce each value inside the graph (default True) instead of
+            fetching every value whole.
     """
 
     name = "onnxruntime"
@@ -76,22 +79,23 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         self._select: tuple[re.Pattern | None, re.Pattern | None] = (None, None)
         self.max_bytes: int | None = None
         self.threads: int | None = None
+        self.in_graph_stats = True
         self.last_run: dict[str, Any] = {}
 
     # ---- hooks ------------------------------------------------------------------------------------
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, exporter: str = "dynamo",
                  opset: int | None = None, rules: Any = None, max_bytes: int | None = None,
-                 threads: int | None = None) -> OnnxArtifact:
-        self._set_run_options(max_bytes, threads)
+                 threads: int | None = None, in_graph_stats: Any = None) -> OnnxArtifact:
+        self._set_run_options(max_bytes, threads, in_graph_stats)
         path = workdir / "model.onnx"
         export_onnx(model, inputs, path, exporter=exporter, opset=opset)
-        return self._load(path, rules=rules, exporter=exporter)
+        return self._load(path, rules=rules, exporter=exporter, in_graph_stats=in_graph_stats)
 
     def _load(self, path: Path, *, rules: Any = None, exporter: str | None = None,
-              max_bytes: int | None = None, threads: int | None = None) -> OnnxArtifact:
+              max_bytes: int | None = None, threads: int | None = None, in_graph_stats: Any = None) -> OnnxArtifact:
         import onnx
 
-        self._set_run_options(max_bytes, threads)
+        self._set_run_options(max_bytes, threads, in_graph_stats)
         if not path.is_file():
             raise TargetError(f"{path}: no such ONNX file")
         try:
@@ -110,16 +114,63 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
 
     def _run(self, artifact: OnnxArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
         feeds = graph_feeds(artifact.model, inputs)
-        sizes, shapes = estimate_bytes(artifact.model, feeds)
+        sizes, shapes, types = estimate_bytes(artifact.model, feeds)
         records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
         plans = [p for p in GraphNamer(artifact.model, artifact.rules, records, shapes).plan() if self._selected(p)]
         budget = self.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
         self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
-        if total <= budget:
-            yield from self._run_once(artifact.model, feeds, plans)
+        if self._keep == "stats" and self.in_graph_stats:
+            yield from self._run_stats(artifact.model, feeds, plans, sizes, shapes, types, budget)
         else:
-            yield from self._run_segmented(artifact.model, feeds, plans, sizes, budget)
+            yield from self._run_full(artifact.model, feeds, plans, sizes, budget)
+
+    def _run_full(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
+                  budget: int) -> Iterator[RuntimeTensor]:
+        if sum(sizes.get(p.value, 0) for p in plans) <= budget:
+            yield from self._run_once(model, feeds, plans)
+        else:
+            yield from self._run_segmented(model, feeds, plans, sizes, budget)
+
+    def _run_stats(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
+                   shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
+        """keep="stats": each float value is reduced inside the graph (sum, sum of squares, min, max), so
+        ORT frees it as usual and only four scalars per value come back. Values whose sums show a NaN or
+        Inf, and values that can't be reduced in the graph, are then fetched whole for exact counts."""
+        values = list(dict.fromkeys(p.value for p in plans))
+        reducible = [v for v in values if types.get(v) in _REDUCIBLE and v in shapes]
+        sess = make_session(with_statistics(model, reducible), self.threads)
+        names = [f"{v}{suffix}" for v in reducible for suffix in _STAT_SUFFIXES]
+        got = sess.run(names, feeds)
+        del sess
+        stats: dict[str, TensorStats] = {}
+        for i, v in enumerate(reducible):
+            total, sumsq, mn, mx = (float(x) for x in got[4 * i:4 * i + 4])
+            st = from_moments(shapes[v], total, sumsq, mn, mx)
+            if st is not None:
+                stats[v] = st
+        rest = [p for p in plans if p.value not in stats]
+        dtypes: dict[str, str] = {}
+        runs = 1
+        if rest:
+            for rt in self._run_full(model, feeds, rest, sizes, budget):
+                if rt.runtime_name not in stats:
+                    t = torch.from_numpy(np.ascontiguousarray(rt.value))
+                    stats[rt.runtime_name] = compute_stats(t)
+                    shapes[rt.runtime_name], dtypes[rt.runtime_name] = tuple(t.shape), dtype_name(t.dtype)
+            runs += self.last_run.get("session_runs", 1)
+        self.last_run.update(session_runs=runs, statistics_in_graph=len(reducible), fetched_whole=len(rest))
+        for p in plans:
+            st = stats.get(p.value)
+            if st is None:
+                continue
+            dtype = dtypes.get(p.value) or _onnx_dtype_name(types[p.value])
+            for name in p.names:
+                module, call = parse_name(name)
+                yield RuntimeTensor(runtime_name=p.value, module=p.module if "/" in name else module, op=p.op,
+                                    value=None, name=name, inputs=p.inputs, tags=p.tags, call=call,
+                                    kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, stats=st,
+                                    shape=tuple(shapes[p.value]), dtype=dtype)
 
     def runtime_info(self) -> dict[str, Any]:
         info = super().runtime_info()
@@ -134,9 +185,11 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
                                          model_info=model_info)
 
     # ---- running -----------------------------------------------------------------------------------
-    def _set_run_options(self, max_bytes: int | None, threads: int | None) -> None:
+    def _set_run_options(self, max_bytes: int | None, threads: int | None, in_graph_stats: Any = None) -> None:
         self.max_bytes = max_bytes if max_bytes is not None else self.max_bytes
         self.threads = threads if threads is not None else self.threads
+        # per call; from the CLI's `-O in_graph_stats=0` it arrives as a string
+        self.in_graph_stats = in_graph_stats is None or str(in_graph_stats).lower() not in ("0", "false", "no", "off")
 
     def _selected(self, plan: ValuePlan) -> bool:
         inc, exc = self._select
@@ -408,6 +461,45 @@ def make_session(model: Any, threads: int | None = None) -> Any:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
+_STAT_SUFFIXES = ("::tp_sum", "::tp_sumsq", "::tp_min", "::tp_max")
+_REDUCIBLE = {1, 10, 11, 16}  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def with_statistics(model: Any, values: list[str]) -> Any:
+    """A copy of `model` whose outputs are, for each of `values`, four scalars computed in the graph:
+    ReduceSum, ReduceSumSquare, ReduceMin, ReduceMax over all axes (half floats cast to float first).
+    The values themselves stay internal, so ORT frees them as soon as their consumers ran.
+
+        >>> m = with_statistics(model, ["conv_out"])            # doctest: +SKIP
+        >>> [o.name for o in m.graph.output]                     # doctest: +SKIP
+        ['conv_out::tp_sum', 'conv_out::tp_sumsq', 'conv_out::tp_min', 'conv_out::tp_max']
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(model.graph.value_info) + list(model.graph.output)}
+    del out.graph.output[:]
+    nodes = []
+    for v in values:
+        src = v
+        if types.get(v) in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+            src = f"{v}::tp_float"
+            nodes.append(helper.make_node("Cast", [v], [src], to=TensorProto.FLOAT))
+        for op, suffix in zip(("ReduceSum", "ReduceSumSquare", "ReduceMin", "ReduceMax"), _STAT_SUFFIXES):
+            nodes.append(helper.make_node(op, [src], [f"{v}{suffix}"], keepdims=0))
+            out.graph.output.append(helper.make_empty_tensor_value_info(f"{v}{suffix}"))
+    out.graph.node.extend(nodes)
+    return out
+
+
+def _onnx_dtype_name(elem_type: int) -> str:
+    import onnx
+
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
 def with_outputs(model: Any, values: list[str]) -> Any:
     """A copy of `model` whose graph outputs are exactly `values` (the "mark all" step)."""
     import onnx
@@ -421,8 +513,9 @@ def with_outputs(model: Any, values: list[str]) -> Any:
     return out
 
 
-def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
-    """Bytes and shape of each value, from ONNX shape inference with the concrete input shapes."""
+def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[str, tuple[int, ...]],
+                                                                      dict[str, int]]:
+    """Bytes, shape and ONNX element type of each value, from shape inference with the concrete input shapes."""
     import onnx
 
     light = onnx.ModelProto()
@@ -445,8 +538,11 @@ def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, 
         inferred = light
     sizes: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
+    types: dict[str, int] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         t = vi.type.tensor_type
+        if t.elem_type:
+            types[vi.name] = t.elem_type
         if t.elem_type and t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
             shapes[vi.name] = tuple(d.dim_value for d in t.shape.dim)
             item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
@@ -457,7 +553,7 @@ def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, 
         guess = max((sizes.get(v, 0) for v in node.input), default=0)
         for o in node.output:
             sizes.setdefault(o, guess)
-    return sizes, shapes
+    return sizes, shapes, types
 
 
 def default_budget() -> int:
