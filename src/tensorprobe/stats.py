@@ -184,7 +184,8 @@ def _sum_of_squares(x: torch.Tensor, acc: torch.dtype | None) -> float:
 def from_moments(shape: tuple[int, ...], total: float, sumsq: float, mn: float, mx: float,
                  channel_dim: int | None = 1) -> TensorStats | None:
     """Statistics of a float tensor from reductions computed elsewhere (e.g. inside an ONNX graph), or
-    None when they show a non-finite element: then only the tensor itself can give the counts.
+    None when only the tensor itself can give exact figures: a non-finite element (its counts and
+    channels), or a spread so small against the mean that Σx²/n − mean² cancels (float32 sums).
 
         >>> from_moments((1, 2, 2), total=4.0, sumsq=6.0, mn=0.0, mx=2.0).std
         0.7071067811865476
@@ -193,11 +194,13 @@ def from_moments(shape: tuple[int, ...], total: float, sumsq: float, mn: float, 
     if not n or not all(math.isfinite(v) for v in (total, mn, mx)):
         return None
     mean = total / n
-    var = sumsq / n - mean * mean if math.isfinite(sumsq) else math.nan
+    var = sumsq / n - mean * mean
+    if not math.isfinite(sumsq) or var < _CANCELLATION_RATIO * mean * mean:
+        return None
     cd = None if channel_dim is None or len(shape) < 2 else channel_dim % len(shape)
     channels = {} if cd is None or shape[cd] <= 1 else {"channel_dim": cd, "channels": shape[cd]}
-    return TensorStats(numel=n, min=mn, max=mx, mean=mean, std=math.sqrt(max(var, 0.0)) if var == var else None,
-                       absmax=max(abs(mn), abs(mx)), **channels)
+    return TensorStats(numel=n, min=mn, max=mx, mean=mean, std=math.sqrt(var), absmax=max(abs(mn), abs(mx)),
+                       **channels)
 
 
 def _two_pass_var(x: torch.Tensor, mean: float) -> float:
