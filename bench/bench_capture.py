@@ -7,6 +7,7 @@ sampling thread during the run, minus the RSS just before it.
     pip install torch==2.13.0 -e ".[kokoro,bench]"
     python bench/bench_capture.py --seconds 3 10 --reps 5 --json bench/results/capture.json
     python bench/bench_capture.py --seconds 3 10 --memory --json bench/results/capture_memory.json
+    python bench/bench_capture.py --seconds 3 10 --memory --fixed-mmap --json bench/results/capture_memory_live.json
 """
 
 from __future__ import annotations
@@ -138,17 +139,24 @@ def run_once(mode: str, seconds: float) -> None:
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
-def memory(seconds_list: list[float], modes: list[str]) -> dict:
+def memory(seconds_list: list[float], modes: list[str], fixed_mmap: bool = False) -> dict:
     """Peak RSS of a fresh process per mode (in one process, freed memory stays with the allocator and
-    hides what a later mode needs), minus that of a process running a plain forward."""
+    hides what a later mode needs), minus that of a process running a plain forward.
+
+    With `fixed_mmap`, glibc serves every allocation over 1 MiB with its own mmap and returns it on free
+    (MALLOC_MMAP_THRESHOLD_), so the peak is live memory rather than what the heap happened to retain:
+    by default glibc raises that threshold as blocks are freed, and the retained heap depends on the
+    order of allocations, which a dispatch mode alone changes by hundreds of MiB."""
     import subprocess
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20)) if fixed_mmap else None
 
     out: dict = {}
     for s in seconds_list:
         peaks = {}
         for mode in ["plain", *modes]:
             p = subprocess.run([sys.executable, __file__, "--one", mode, "--seconds", str(s)],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, env=env)
             peaks[mode] = float(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else None
             extra = (f"+{peaks[mode] - peaks['plain']:.0f} MiB over a plain forward" if peaks[mode] and mode != "plain"
                      else "" if peaks[mode] else f"failed: {p.stderr.strip().splitlines()[-1][:120]}")
@@ -164,12 +172,14 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=list(MODES))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--memory", action="store_true", help="peak RSS per mode, one fresh process each")
+    ap.add_argument("--fixed-mmap", action="store_true",
+                    help="with --memory: glibc returns every block over 1 MiB on free (live memory, not heap retention)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         return run_once(args.one, args.seconds[0])
     if args.memory:
-        result = memory(args.seconds, args.modes)
+        result = memory(args.seconds, args.modes, args.fixed_mmap)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=1))

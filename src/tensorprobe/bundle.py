@@ -49,7 +49,7 @@ FORMAT = "tensorprobe-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 JOURNAL = "records.jsonl"
-DEFAULT_SHARD_BYTES = 256 << 20
+DEFAULT_SHARD_BYTES = 128 << 20
 _JOURNAL_BATCH = 256  # records journaled together (a crash loses at most the records since the last batch)
 
 STATUS_COMPLETE = "complete"
@@ -234,11 +234,13 @@ class BundleWriter:
 class _ShardWriter:
     """Writes shards on a background thread, so disk I/O overlaps the forward that is being captured.
 
-    At most `depth` shards wait in the queue (memory stays bounded: the producer blocks when it is full).
+    At most `depth` shards wait in the queue; with the one being filled and the one being written, a
+    capture holds at most (depth + 2) × shard_bytes of tensor copies (3 × 128 MiB by default), whatever
+    the model's size: the producer blocks when the queue is full.
     A shard is written to a temporary name and renamed: a reader never sees half a shard.
     """
 
-    def __init__(self, depth: int = 2):
+    def __init__(self, depth: int = 1):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tensorprobe-shard-writer", daemon=True)

@@ -149,7 +149,8 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         stats: dict[str, TensorStats] = {}
         dtypes: dict[str, str] = {}
         for v in reducible:
-            st = from_moments(shapes[v], *(float(got[f"{v}{suffix}"]) for suffix in _STAT_SUFFIXES))
+            st = from_moments(shapes[v], *(float(got[f"{v}{suffix}"]) for suffix in _STAT_SUFFIXES),
+                              cancellation_ratio=1e-9)  # the sums are float64
             if st is not None:
                 stats[v] = st
         for v in small:  # small values (shapes, masks, scalars) came back whole in the same run
