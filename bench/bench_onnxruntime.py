@@ -4,9 +4,9 @@
 
 The decoder is exported once (dynamo exporter, ONNX-ready: conv STFT, weight norm folded). Then, interleaved
 in one process: a plain ORT session run (graph outputs only), and `capture_artifact` of all ~1,150 node
-outputs into a bundle: keep="stats" (each value reduced inside the graph), keep="stats" fetching every
-value whole (`in_graph_stats=False`, the Polygraphy-style "mark all"), keep="full" (tensors streamed to
-safetensors shards), and keep="full" forced into segments (`max_bytes`): the bounded-memory path.
+outputs into a bundle: keep="stats" (every value fetched whole, the Polygraphy-style "mark all"),
+keep="stats" with each value reduced inside the graph (`in_graph_stats=True`), keep="full" (tensors streamed
+to safetensors shards), and keep="full" forced into segments (`max_bytes`): the bounded-memory path.
 Each figure is the median of per-round ratios to the plain run of the same round. Peak RSS is printed.
 """
 
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--segment-mb", type=int, default=1024, help="max_bytes of the segmented run (MiB)")
-    ap.add_argument("--modes", nargs="+", default=["stats", "stats, whole values", "full", "full, segmented"])
+    ap.add_argument("--modes", nargs="+", default=["stats", "stats, in-graph", "full", "full, segmented"])
     args = ap.parse_args()
 
     from tensorprobe.runtimes import get_runtime
@@ -57,7 +57,7 @@ def main() -> None:
         sess = make_session(proto, args.threads)
         sess.run(None, feeds)  # warm-up
         ort = get_runtime("onnxruntime")
-        all_modes = {"stats": dict(keep="stats"), "stats, whole values": dict(keep="stats", in_graph_stats=False),
+        all_modes = {"stats": dict(keep="stats"), "stats, in-graph": dict(keep="stats", in_graph_stats=True),
                      "full": dict(keep="full"), "full, segmented": dict(keep="full", max_bytes=args.segment_mb << 20)}
         modes = {m: all_modes[m] for m in args.modes}
         ratios: dict[str, list[float]] = {m: [] for m in modes}
