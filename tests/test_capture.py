@@ -102,6 +102,10 @@ def test_module_level_says_when_the_model_drew_noise_it_could_not_record():
     with pytest.warns(UserWarning, match="level='op'"):
         b = tp.capture(Hidden(), torch.zeros(3))
     assert "level='op'" in b.manifest["warnings"][0]
+    from typer.testing import CliRunner
+    from tensorprobe.cli import app
+    shown = CliRunner().invoke(app, ["show", str(b.path)])
+    assert shown.exit_code == 0 and "warning:" in shown.output and "level='op'" in shown.output
     assert not [r for r in b if r.kind == "rng"]
     assert [r.name for r in tp.capture(Hidden(), torch.zeros(3), level="op") if r.kind == "rng"] == ["<root>/randn.0"]
 

@@ -81,6 +81,8 @@ def render_bundle(console: Console, bundle: Bundle, records: list[Record], total
                   f"{escape(str(rt.get('version', '')))}  records: {len(bundle)}")
     if bundle.error:
         console.print(f"[yellow]capture error:[/] {escape(bundle.error.get('type', ''))}: {escape(bundle.error.get('message', ''))}")
+    for warning in m.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {escape(str(warning))}")
     table = Table(show_edge=False)
     for col in ["#", "name", "op", "shape", "dtype", *_STATS_HEAD, "channels"]:
         table.add_column(col, overflow="fold")
