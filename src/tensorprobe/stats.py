@@ -3,7 +3,8 @@
 Probes that look at head/tail slices mislead (seed 000 blamed the wrong layer that way): every
 statistic here covers every element. The common case, a finite float32/float64 tensor, costs one
 compiled pass (`_stats_kernel`) giving Σx, Σx², min and max; a finite Σx is proof that every element is
-finite, so it doubles as the finiteness check. Other float dtypes use three torch reductions. Only a tensor that holds NaN/Inf pays for masks and the per-channel analysis.
+finite, so it doubles as the finiteness check. Other float dtypes use three torch reductions. Only a
+tensor that holds NaN/Inf pays for masks and the per-channel analysis.
 
     >>> import torch
     >>> x = torch.ones(1, 4, 3); x[0, 1] = float("nan")
@@ -137,7 +138,7 @@ def _float_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
         var = _two_pass_var(x, mean)
     return TensorStats(
         numel=n, min=mn_v, max=mx_v, mean=mean, std=math.sqrt(max(var, 0.0)),
-        absmax=max(abs(mn_v), abs(mx_v)), **_channel_count(x, channel_dim),
+        absmax=max(abs(mn_v), abs(mx_v)), **_channel_count(x.shape, channel_dim),
     )
 
 
@@ -198,10 +199,8 @@ def from_moments(shape: tuple[int, ...], total: float, sumsq: float, mn: float, 
     var = sumsq / n - mean * mean
     if not math.isfinite(sumsq) or var < cancellation_ratio * mean * mean:
         return None
-    cd = None if channel_dim is None or len(shape) < 2 else channel_dim % len(shape)
-    channels = {} if cd is None or shape[cd] <= 1 else {"channel_dim": cd, "channels": shape[cd]}
     return TensorStats(numel=n, min=mn, max=mx, mean=mean, std=math.sqrt(var), absmax=max(abs(mn), abs(mx)),
-                       **channels)
+                       **_channel_count(tuple(shape), channel_dim))
 
 
 def _two_pass_var(x: torch.Tensor, mean: float) -> float:
@@ -232,13 +231,13 @@ def _nonfinite_float_stats(xf: torch.Tensor, channel_dim: int | None) -> TensorS
     )
 
 
-def _channel_count(x: torch.Tensor, channel_dim: int | None) -> dict[str, Any]:
-    cd = _resolve_channel_dim(x, channel_dim)
-    return {} if cd is None else {"channel_dim": cd, "channels": x.shape[cd]}
+def _channel_count(shape: tuple[int, ...], channel_dim: int | None) -> dict[str, Any]:
+    cd = _resolve_channel_dim(shape, channel_dim)
+    return {} if cd is None else {"channel_dim": cd, "channels": shape[cd]}
 
 
 def _channel_analysis(finite: torch.Tensor, channel_dim: int | None) -> dict[str, Any]:
-    cd = _resolve_channel_dim(finite, channel_dim)
+    cd = _resolve_channel_dim(finite.shape, channel_dim)
     if cd is None:
         return {}
     per_channel = finite.movedim(cd, 0).reshape(finite.shape[cd], -1)
@@ -254,11 +253,11 @@ def _channel_analysis(finite: torch.Tensor, channel_dim: int | None) -> dict[str
     }
 
 
-def _resolve_channel_dim(x: torch.Tensor, channel_dim: int | None) -> int | None:
-    if channel_dim is None or x.dim() < 2:
+def _resolve_channel_dim(shape: tuple[int, ...], channel_dim: int | None) -> int | None:
+    if channel_dim is None or len(shape) < 2:
         return None
-    cd = channel_dim % x.dim()
-    return cd if x.shape[cd] > 1 else None
+    cd = channel_dim % len(shape)
+    return cd if shape[cd] > 1 else None
 
 
 def _int_stats(x: torch.Tensor) -> TensorStats:

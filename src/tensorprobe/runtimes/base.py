@@ -39,7 +39,7 @@ class RuntimeTensor:
     runtime_name: str          # the runtime's own name (ONNX value name, ExecuTorch debug handle, ...)
     module: str                # PyTorch module path it maps to ("" for the root / unknown)
     op: str                    # the runtime's op type, e.g. "InstanceNormalization"
-    value: np.ndarray | torch.Tensor
+    value: np.ndarray | torch.Tensor | None  # None when `stats` came from the runtime
     name: str | None = None    # record name; default derived from module/op by the adapter
     inputs: tuple[str, ...] = ()  # record names of the values this op consumed (op graph)
     tags: tuple[str, ...] = field(default_factory=tuple)
