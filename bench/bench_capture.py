@@ -62,6 +62,13 @@ class PeakRss:
         return (self.peak - self.base) / 2**20
 
 
+def machine_info() -> dict:
+    """What the figures were measured on (also used by the other benchmarks)."""
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "ram_gb": round(psutil.virtual_memory().total / 2**30), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "python": platform.python_version()}
+
+
 def plain(model, inputs, workdir):
     with torch.no_grad():
         model(*inputs)
@@ -184,9 +191,7 @@ def main() -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=1))
         return None
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-               "ram_gb": round(psutil.virtual_memory().total / 2**30), "torch": torch.__version__,
-               "threads": torch.get_num_threads(), "python": platform.python_version()}
+    machine = machine_info()
     print(f"machine: {machine}")
     out = {"machine": machine, "results": {}}
     for s in args.seconds:

@@ -29,6 +29,7 @@ import os
 import platform
 import queue
 import shutil
+import struct
 import threading
 import traceback
 import zipfile
@@ -96,6 +97,9 @@ class BundleWriter:
         model, runtime, capture: free-form descriptions stored in the manifest.
         inputs: the model inputs (name -> tensor); their shapes, dtypes and SHA-256 are stored.
         shard_bytes: tensor data buffered before a shard is written.
+        reuse_buffers: copy tensors into three shard-sized buffers that are reused, instead of a fresh
+            allocation per tensor. For captures that keep many tensors: on virtual machines a first touch of
+            fresh memory costs more than the copy itself (4 KiB page faults at 0.3-2 GB/s, measured here).
 
     Example:
         >>> with BundleWriter("out") as w:                                  # doctest: +SKIP
@@ -104,7 +108,7 @@ class BundleWriter:
 
     def __init__(self, path: str | os.PathLike, *, model: dict | None = None, runtime: dict | None = None,
                  capture: dict | None = None, inputs: dict[str, Any] | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES):
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, reuse_buffers: bool = False):
         self.path = Path(path)
         self.shard_bytes = shard_bytes
         self._prepare_dir()
@@ -122,7 +126,9 @@ class BundleWriter:
         self._pending_bytes = 0
         self._shards: list[str] = []
         self._closed = False
-        self._shard_writer = _ShardWriter()
+        self._staging = _StagingBuffers(shard_bytes, count=3) if reuse_buffers else None
+        self._stage: _StagedShard | None = None  # the staging buffer being filled
+        self._shard_writer = _ShardWriter(release=self._staging.give if self._staging else None)
         self._write_manifest(STATUS_RUNNING, None)
         self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
 
@@ -160,13 +166,18 @@ class BundleWriter:
         if record.name in self._names:
             record = record.with_(name=self.unique_name(record.name))
         if tensor is not None:
-            t = tensor.detach().to("cpu", copy=copy).contiguous()
-            if not copy and t.untyped_storage().data_ptr() in self._pending_ptrs:
-                t = t.clone()  # one buffer under two names: safetensors stores each key's own bytes
-            self._pending_ptrs.add(t.untyped_storage().data_ptr())
+            if copy and self._staging is not None and self._stage_copy(record.name, tensor):
+                pass
+            else:
+                if self._stage is not None:
+                    self.flush()  # a shard is either staged or a dict of tensors, never both
+                t = tensor.detach().to("cpu", copy=copy).contiguous()
+                if not copy and t.untyped_storage().data_ptr() in self._pending_ptrs:
+                    t = t.clone()  # one buffer under two names: safetensors stores each key's own bytes
+                self._pending_ptrs.add(t.untyped_storage().data_ptr())
+                self._pending[record.name] = t
+                self._pending_bytes += t.numel() * t.element_size()
             record = record.with_(shard=self._shard_name(len(self._shards)))
-            self._pending[record.name] = t
-            self._pending_bytes += t.numel() * t.element_size()
         self._names.add(record.name)
         self._lines.append(json.dumps(record.to_dict()))
         if self._pending_bytes >= self.shard_bytes:
@@ -174,6 +185,24 @@ class BundleWriter:
         elif len(self._lines) - self._journaled >= _JOURNAL_BATCH:
             self._write_journal()
         return record
+
+    def _stage_copy(self, name: str, tensor: torch.Tensor) -> bool:
+        """Copy `tensor` into the staging buffer (flushing it first when full). False for a tensor larger
+        than a buffer or of a dtype safetensors has no code for: those get their own allocation."""
+        assert self._staging is not None
+        code = _SAFETENSORS_DTYPES.get(tensor.dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if code is None or not 0 < nbytes <= self._staging.nbytes or tensor.layout != torch.strided:
+            return False
+        if self._stage is not None and self._stage.used + nbytes > self._staging.nbytes:
+            self.flush()
+        if self._stage is None:
+            if self._pending:
+                self.flush()
+            self._stage = _StagedShard(self._staging.take())
+        self._stage.add(name, code, tensor)
+        self._pending_bytes = self._stage.used
+        return True
 
     def _write_journal(self) -> None:
         new = self._lines[self._journaled:]
@@ -184,11 +213,12 @@ class BundleWriter:
 
     def flush(self) -> None:
         """Hand buffered tensors to the shard writer (one shard, written atomically) and sync the journal."""
-        if self._pending:
+        if self._pending or self._stage is not None:
             name = self._shard_name(len(self._shards))
-            self._shard_writer.submit(self.path / name, self._pending)
+            self._shard_writer.submit(self.path / name, self._stage if self._stage is not None else self._pending)
             self._shards.append(name)
             self._pending = {}
+            self._stage = None
             self._pending_ptrs = set()
             self._pending_bytes = 0
         self._write_journal()
@@ -201,6 +231,7 @@ class BundleWriter:
         self._journal.close()
         self._closed = True
         write_error = self._shard_writer.finish()
+        self._staging = None  # the buffers go back to the OS
         if write_error is not None and error is None:
             error = write_error
         err = None
@@ -240,13 +271,14 @@ class _ShardWriter:
     A shard is written to a temporary name and renamed: a reader never sees half a shard.
     """
 
-    def __init__(self, depth: int = 1):
+    def __init__(self, depth: int = 1, release: Any = None):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
+        self._release = release  # takes back a staging buffer once its shard is on disk
         self._thread = threading.Thread(target=self._run, name="tensorprobe-shard-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    def submit(self, path: Path, tensors: "dict[str, torch.Tensor] | _StagedShard") -> None:
         if self._error is not None:
             raise BundleError(f"{path.parent}: writing a tensor shard failed: {self._error}")
         self._queue.put((path, tensors))
@@ -260,10 +292,15 @@ class _ShardWriter:
             if self._error is None:
                 try:
                     tmp = path.with_name(f".{path.name}.tmp")
-                    safetensors.torch.save_file(tensors, str(tmp), metadata={"format": FORMAT})
+                    if isinstance(tensors, _StagedShard):
+                        tensors.write(tmp)
+                    else:
+                        safetensors.torch.save_file(tensors, str(tmp), metadata={"format": FORMAT})
                     os.replace(tmp, path)
                 except Exception as e:  # disk full, permissions: reported by finish()
                     self._error = e
+            if isinstance(tensors, _StagedShard) and self._release is not None:
+                self._release(tensors.buffer)
             del tensors, item
 
     def finish(self) -> BaseException | None:
@@ -271,6 +308,133 @@ class _ShardWriter:
         self._queue.put(None)
         self._thread.join()
         return self._error
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_PAGE = 4096  # O_DIRECT wants page-aligned addresses, lengths and file offsets
+_HEADER_ROOM = 1 << 20  # bytes kept in front of a staging buffer's data for the shard's header
+
+
+def safetensors_header(entries: Any, metadata: dict[str, str] | None = None, align: int = 8) -> bytes:
+    """The head of a safetensors file: u64 length + JSON, space-padded so the data starts at a multiple of
+    `align` (the format allows trailing spaces in the header).
+
+    `entries` yields `(name, dtype code, shape, begin, end)`, offsets relative to the data section.
+
+    >>> len(safetensors_header([("x", "F32", (2,), 0, 8)], align=64))
+    64
+    """
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    for name, code, shape, begin, end in entries:
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [begin, end]}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-(8 + len(head)) % align)
+    return struct.pack("<Q", len(head)) + head
+
+
+class _StagedShard:
+    """Tensors packed back to back (no gaps: safetensors forbids holes) in one staging buffer, and written
+    as a safetensors file straight from it: the header goes in the room kept in front of the data, and
+    the file is written with O_DIRECT where the filesystem allows it. Page-cache writes of fresh pages ran
+    at 0.3-0.4 GB/s on this project's VMs, O_DIRECT at ~2 GB/s, and it leaves the page cache to the user."""
+
+    def __init__(self, buffer: torch.Tensor):
+        self.buffer = buffer
+        self.used = 0
+        self.entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
+
+    def add(self, name: str, code: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        src = tensor.detach()
+        if not src.is_contiguous():
+            src = src.contiguous()
+        start = _HEADER_ROOM + self.used
+        # as_strided, not reshape: a contiguous (1,) tensor may carry any stride, which view(uint8) refuses
+        flat = src.as_strided((src.numel(),), (1,))
+        self.buffer[start:start + nbytes].copy_(flat.view(torch.uint8))
+        self.entries.append((name, code, tuple(tensor.shape), self.used, self.used + nbytes))
+        self.used += nbytes
+
+    def write(self, path: Path) -> None:
+        head = safetensors_header(self.entries, {"format": FORMAT}, align=_PAGE)
+        data = self.buffer.numpy()
+        end = _HEADER_ROOM + self.used
+        if len(head) > _HEADER_ROOM:  # a header too big for the room (a shard of very many tiny tensors)
+            with open(path, "wb") as f:
+                f.write(head)
+                f.write(memoryview(data)[_HEADER_ROOM:end])
+            return
+        start = _HEADER_ROOM - len(head)
+        data[start:_HEADER_ROOM] = np.frombuffer(head, dtype=np.uint8)
+        if not _write_direct(path, data, start, end):
+            with open(path, "wb") as f:
+                f.write(memoryview(data)[start:end])
+
+
+def _write_direct(path: Path, buf: np.ndarray, start: int, end: int) -> bool:
+    """Write `buf[start:end]` to a new file with O_DIRECT; `start` is page-aligned and `buf` has room for
+    the last page to be written whole (the file is then truncated to size). False where O_DIRECT is not
+    available (tmpfs, macOS) or refused: the caller then writes through the page cache."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError:
+        return False
+    padded_end = start + -(-(end - start) // _PAGE) * _PAGE
+    view = memoryview(buf)[start:padded_end]
+    try:
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:done + (64 << 20)])
+        os.ftruncate(fd, end - start)
+    except OSError:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        return False
+    os.close(fd)
+    return True
+
+
+class _StagingBuffers:
+    """A few shard-sized byte buffers, handed out and taken back, so tensor copies land in memory that
+    was faulted in once. Made on first use, pre-faulted in one call where the OS allows it."""
+
+    def __init__(self, nbytes: int, count: int):
+        self.nbytes = nbytes
+        self._count = count
+        self._made = 0
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+
+    def take(self) -> torch.Tensor:
+        """A free buffer; when all are in use, wait for the shard writer to give one back."""
+        if self._free.empty() and self._made < self._count:
+            self._made += 1
+            return populated_bytes(_HEADER_ROOM + self.nbytes + _PAGE)
+        return self._free.get()
+
+    def give(self, buffer: torch.Tensor) -> None:
+        self._free.put(buffer)
+
+
+def populated_bytes(nbytes: int) -> torch.Tensor:
+    """A uint8 tensor of `nbytes` whose pages are already mapped (mmap MAP_POPULATE: one system call
+    instead of one page fault per 4 KiB, ~7x faster on this project's VMs); a plain allocation elsewhere."""
+    import mmap
+
+    flags = getattr(mmap, "MAP_POPULATE", 0)
+    if not flags or nbytes == 0:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    try:
+        mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
+    except OSError:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    return torch.frombuffer(mem, dtype=torch.uint8)  # the tensor keeps the mapping alive
 
 
 def describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:

@@ -382,7 +382,7 @@ class Capture:
             out, model=self.model_info, capture={"level": self.level, "keep": self.keep,
                                                  "include": _pattern(self.include), "exclude": _pattern(self.exclude),
                                                  "replay_rng": self.replay.tape.origin if self.replay else None},
-            inputs=inputs, **kw)
+            inputs=inputs, reuse_buffers=self.keep == "full", **kw)
         self._modules = _ModuleStack()
         self._recorder = _Recorder(self._writer, self.keep, self.include, self.exclude, self.channel_dim,
                                    self.on_record)

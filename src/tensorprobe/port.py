@@ -35,15 +35,13 @@ of `tensorprobe.diff.align` (one `PATTERN=REPLACEMENT` per line, full match, `\\
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .bundle import atomic_write_bytes
+from .bundle import atomic_write_bytes, safetensors_header
 from .errors import InputError
 
 FORMAT = "tensorprobe-port"
@@ -108,16 +106,13 @@ def dump(path: str | os.PathLike, arrays: dict[str, Any] | None = None, **named:
     items = {**(arrays or {}), **named}
     if not items:
         raise InputError("nothing to dump: give at least one named array")
-    header: dict[str, Any] = {"__metadata__": {"format": FORMAT}}
-    chunks, offset = [], 0
+    entries, chunks, offset = [], [], 0
     for name, value in items.items():
         arr = np.ascontiguousarray(to_numpy(value))
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": _DTYPES[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        entries.append((name, _DTYPES[arr.dtype], arr.shape, offset, offset + len(data)))
         chunks.append(data)
         offset += len(data)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # align the data section to 8 bytes
     path = Path(path)
-    atomic_write_bytes(path, struct.pack("<Q", len(head)) + head + b"".join(chunks))
+    atomic_write_bytes(path, safetensors_header(entries, {"format": FORMAT}) + b"".join(chunks))
     return path

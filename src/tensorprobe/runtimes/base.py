@@ -48,6 +48,7 @@ class RuntimeTensor:
     stats: TensorStats | None = None  # given (with `value` None): statistics the runtime computed itself
     shape: tuple[int, ...] = ()       # with `stats`: the value's shape and dtype name
     dtype: str = ""
+    borrowed: bool = False            # `value` lives in a buffer the runtime reuses: copied when kept
 
 
 class RuntimeAdapter:
@@ -112,7 +113,7 @@ class RuntimeAdapter:
         named_inputs = _name_inputs(inputs)
         writer = BundleWriter(out, model=model_info, runtime=self.runtime_info(),
                               capture={"level": "runtime", "keep": keep, "include": include, "exclude": exclude},
-                              inputs=named_inputs)
+                              inputs=named_inputs, reuse_buffers=keep == "full")
         with writer:
             order = 0
             for name, value in named_inputs.items():
@@ -134,7 +135,7 @@ class RuntimeAdapter:
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=shape, dtype=dtype,
                                   stats=stats, kind=rt.kind, call=rt.call, runtime_name=rt.runtime_name,
                                   inputs=rt.inputs, tags=rt.tags),
-                           t if keep == "full" else None, copy=False)
+                           t if keep == "full" else None, copy=rt.borrowed)
                 order += 1
         return Bundle.open(out)
 
