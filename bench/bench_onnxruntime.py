@@ -5,9 +5,8 @@
 The decoder is exported once (dynamo exporter, ONNX-ready: conv STFT, weight norm folded). Then, interleaved
 in one process, each round times: a plain run of a warm ORT session (graph outputs only); a cold plain run
 (load the .onnx, make the session, run: what a one-off script does); and `capture_artifact` of all ~1,000
-values into a bundle: keep="stats" (every value run into a reused buffer, statistics on it), keep="stats"
-reduced inside the graph (`in_graph_stats=True`), keep="full" (tensors written to safetensors shards), and
-keep="full" with a smaller output buffer (`--segment-mb`, more segments). Each figure is the median of
+values into a bundle: keep="stats" (every value run into a reused buffer, statistics on it), keep="full"
+(tensors written to safetensors shards), and keep="full" with a smaller output buffer (`--segment-mb`, more segments). Each figure is the median of
 per-round ratios to the plain runs of the same round; peak memory is the highest RSS sampled during the
 capture, over the RSS before it.
 """
@@ -39,7 +38,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--segment-mb", type=int, default=64, help="output buffer of the 'full, small buffer' mode (MiB)")
-    ap.add_argument("--modes", nargs="+", default=["stats", "stats, in-graph", "full", "full, small buffer"])
+    ap.add_argument("--modes", nargs="+", default=["stats", "full", "full, small buffer"])
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
@@ -62,8 +61,7 @@ def main() -> None:
         sess = make_session(proto, args.threads)
         sess.run(None, feeds)  # warm-up
         ort = get_runtime("onnxruntime")
-        all_modes = {"stats": dict(keep="stats"), "stats, in-graph": dict(keep="stats", in_graph_stats=True),
-                     "full": dict(keep="full"), "full, small buffer": dict(keep="full", max_bytes=args.segment_mb << 20)}
+        all_modes = {"stats": dict(keep="stats"), "full": dict(keep="full"), "full, small buffer": dict(keep="full", max_bytes=args.segment_mb << 20)}
         modes = {m: all_modes[m] for m in args.modes}
         ratios: dict[str, list[float]] = {m: [] for m in modes}
         cold_ratios: dict[str, list[float]] = {m: [] for m in modes}

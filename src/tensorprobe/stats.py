@@ -182,27 +182,6 @@ def _sum_of_squares(x: torch.Tensor, acc: torch.dtype | None) -> float:
     return total
 
 
-def from_moments(shape: tuple[int, ...], total: float, sumsq: float, mn: float, mx: float,
-                 channel_dim: int | None = 1, cancellation_ratio: float = _CANCELLATION_RATIO) -> TensorStats | None:
-    """Statistics of a float tensor from reductions computed elsewhere (e.g. inside an ONNX graph), or
-    None when only the tensor itself can give exact figures: a non-finite element (its counts and
-    channels), or a spread so small against the mean that Σx²/n − mean² cancels: var below
-    `cancellation_ratio`·mean² (1e-3 suits float32 sums; float64 sums allow ~1e-9).
-
-        >>> from_moments((1, 2, 2), total=4.0, sumsq=6.0, mn=0.0, mx=2.0).std
-        0.7071067811865476
-    """
-    n = math.prod(shape)
-    if not n or not all(math.isfinite(v) for v in (total, mn, mx)):
-        return None
-    mean = total / n
-    var = sumsq / n - mean * mean
-    if not math.isfinite(sumsq) or var < cancellation_ratio * mean * mean:
-        return None
-    return TensorStats(numel=n, min=mn, max=mx, mean=mean, std=math.sqrt(var), absmax=max(abs(mn), abs(mx)),
-                       **_channel_count(tuple(shape), channel_dim))
-
-
 def _two_pass_var(x: torch.Tensor, mean: float) -> float:
     """Exact variance (float64), for the rare tensors whose mean dwarfs their spread."""
     xd = x.double()

@@ -18,6 +18,7 @@ from tensorprobe.capture import capture  # noqa: E402
 from tensorprobe.compare import compare, module_view  # noqa: E402
 from tensorprobe.diff import diff  # noqa: E402
 from tensorprobe.runtimes.onnxruntime import export_onnx  # noqa: E402
+from tensorprobe.stats import compute_stats  # noqa: E402
 
 pytestmark = pytest.mark.onnx
 
@@ -80,23 +81,49 @@ def test_segmented_run_equals_single_run(tiny, tmp_path):
         np.testing.assert_array_equal(seg.numpy(r.name), one.numpy(r.name))
 
 
-def test_stats_reduced_in_the_graph_equal_stats_of_whole_values(tiny, tmp_path):
+def test_segments_over_one_reused_buffer_give_the_same_records_as_full_tensors(tiny, tmp_path):
+    """Each segment's outputs are written into the same buffer: stats and kept tensors must be those of
+    that segment's values, not of whatever the buffer held before."""
     model, _ = tiny
-    inputs = (torch.randn(4096, 8, generator=torch.Generator().manual_seed(0)),)  # values over 64 KiB
+    inputs = (torch.randn(4096, 8, generator=torch.Generator().manual_seed(0)),)  # values of 128 KiB
     ort = get_runtime("onnxruntime")
-    whole = ort.capture(model, inputs, out=tmp_path / "whole", keep="stats", in_graph_stats=False)
-    assert ort.last_run["session_runs"] == 1 and "statistics_in_graph" not in ort.last_run
-    reduced = ort.capture(model, inputs, out=tmp_path / "reduced", keep="stats", in_graph_stats=True)
-    not_float = {r.runtime_name for r in whole if not r.dtype.startswith(("float", "bfloat"))}
-    assert not_float and ort.last_run["small_whole"] >= len(not_float)   # bool masks come back whole
-    assert ort.last_run["statistics_in_graph"] > 5 and ort.last_run["session_runs"] == 1
-    assert [r.name for r in reduced] == [r.name for r in whole]
-    for a, b in zip(whole, reduced):
-        assert (a.shape, a.dtype, a.runtime_name) == (b.shape, b.dtype, b.runtime_name), a.name
-        assert (b.stats.min, b.stats.max, b.stats.channels) == (a.stats.min, a.stats.max, a.stats.channels), a.name
-        for field, rel in (("mean", 1e-5), ("std", 1e-4)):  # None (no std of a bool mask) must stay None
-            want, got = getattr(a.stats, field), getattr(b.stats, field)
-            assert got == want if want is None else got == pytest.approx(want, rel=rel, abs=1e-6), (a.name, field)
+    stats = ort.capture(model, inputs, out=tmp_path / "stats", keep="stats", max_bytes=300 << 10)
+    assert ort.last_run["session_runs"] > 2 and ort.last_run["pool_bytes"] <= 300 << 10
+    full = ort.capture(model, inputs, out=tmp_path / "full", keep="full", max_bytes=300 << 10)
+    whole = ort.capture(model, inputs, out=tmp_path / "whole", keep="full")
+    assert ort.last_run["session_runs"] == 1
+    assert [r.name for r in stats] == [r.name for r in full] == [r.name for r in whole]
+    for a, b, c in zip(stats, full, whole):
+        assert a.stats == b.stats == c.stats, a.name
+        np.testing.assert_array_equal(full.numpy(b.name), whole.numpy(c.name), err_msg=b.name)
+        assert compute_stats(full.tensor(b.name)) == b.stats, b.name
+
+
+def test_a_wrong_inferred_shape_falls_back_to_outputs_allocated_by_ort(tiny, tmp_path):
+    """Outputs are bound into the buffer with the shapes ONNX shape inference gave; if one is wrong, ORT
+    refuses the buffer and the run is made again with ORT allocating every output."""
+    from tensorprobe.runtimes.onnxruntime import (_OutputPool, estimate_bytes, graph_feeds, make_session,
+                                                  run_bound, with_outputs)
+
+    model, inputs = tiny
+    path = export_onnx(model, inputs, tmp_path / "tiny.onnx")
+    proto = onnx.load(str(path))
+    feeds = graph_feeds(proto, inputs)
+    names = list(dict.fromkeys(o for n in proto.graph.node for o in n.output if o))
+    _, shapes, types = estimate_bytes(proto, feeds)
+    sess = make_session(with_outputs(proto, names))
+    want = dict(zip(names, sess.run(names, feeds)))
+    bound = [v for v in names if v in shapes and len(shapes[v]) == 2]
+    assert len(bound) > 3
+    right = run_bound(sess, feeds, names, shapes, types, _OutputPool(1 << 20))
+    wrong_shapes = {**shapes, bound[1]: (shapes[bound[1]][0] + 1, shapes[bound[1]][1])}
+    fallback = run_bound(sess, feeds, names, wrong_shapes, types, _OutputPool(1 << 20))
+    for v in names:
+        np.testing.assert_array_equal(right[v], want[v], err_msg=v)
+        np.testing.assert_array_equal(fallback[v], want[v], err_msg=v)
+    pool = _OutputPool(64)  # smaller than one output: it grows rather than fail
+    np.testing.assert_array_equal(run_bound(sess, feeds, names, shapes, types, pool)[bound[0]], want[bound[0]])
+    assert pool.nbytes > 64
 
 
 def test_stats_of_nonfinite_values_are_counted_on_the_whole_value(tmp_path):
@@ -108,8 +135,8 @@ def test_stats_of_nonfinite_values_are_counted_on_the_whole_value(tmp_path):
     x = torch.ones(1, 4, 8192)  # 128 KiB per value: reduced in the graph, then fetched again
     x[:, 0::2] = -1.0
     ort = get_runtime("onnxruntime")
-    b = ort.capture(HalfNan(), (x,), out=tmp_path / "nan", keep="stats", in_graph_stats="1")
-    assert ort.last_run["fetched_again"] >= 2 and ort.last_run["session_runs"] == 2
+    b = ort.capture(HalfNan(), (x,), out=tmp_path / "nan", keep="stats", max_bytes=64 << 10)
+    assert ort.last_run["session_runs"] >= 2
     sqrt = next(r for r in b if r.op == "Sqrt")
     assert sqrt.stats.nan == 2 * 8192 and sqrt.stats.nonfinite_channels == 2
     assert sqrt.stats.nonfinite_channel_idx == (0, 2)

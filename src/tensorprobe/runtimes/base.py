@@ -29,7 +29,7 @@ import torch
 from ..bundle import Bundle, BundleWriter
 from ..errors import RuntimeUnavailable
 from ..record import KIND_MODEL_INPUT, KIND_OUTPUT, Record, dtype_name
-from ..stats import TensorStats, compute_stats
+from ..stats import compute_stats
 
 
 @dataclass
@@ -39,15 +39,12 @@ class RuntimeTensor:
     runtime_name: str          # the runtime's own name (ONNX value name, ExecuTorch debug handle, ...)
     module: str                # PyTorch module path it maps to ("" for the root / unknown)
     op: str                    # the runtime's op type, e.g. "InstanceNormalization"
-    value: np.ndarray | torch.Tensor | None  # None when `stats` came from the runtime
+    value: np.ndarray | torch.Tensor
     name: str | None = None    # record name; default derived from module/op by the adapter
     inputs: tuple[str, ...] = ()  # record names of the values this op consumed (op graph)
     tags: tuple[str, ...] = field(default_factory=tuple)
     call: int = 0              # call index of `module` (a module the runtime ran several times)
     kind: str = KIND_OUTPUT    # record kind: "output", or "rng" for a random op
-    stats: TensorStats | None = None  # given (with `value` None): statistics the runtime computed itself
-    shape: tuple[int, ...] = ()       # with `stats`: the value's shape and dtype name
-    dtype: str = ""
     borrowed: bool = False            # `value` lives in a buffer the runtime reuses: copied when kept
 
 
@@ -55,7 +52,6 @@ class RuntimeAdapter:
     """Base class of runtime adapters. Subclasses set `name`, `package`, `extra` and fill in the hooks."""
 
     name: ClassVar[str] = ""
-    _keep: str = "full"                # the running capture's keep mode, for `_run`
     package: ClassVar[str] = ""        # import name checked by `available()`
     extra: ClassVar[str] = ""          # `pip install tensorprobe[<extra>]`
     artifact_suffixes: ClassVar[tuple[str, ...]] = ()
@@ -122,18 +118,13 @@ class RuntimeAdapter:
                                   dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_MODEL_INPUT),
                            t if keep == "full" else None)
                 order += 1
-            self._keep = keep
             for rt in self._run(artifact, inputs):
                 name = rt.name or rt.runtime_name
                 if (inc and not inc.search(name)) or (exc and exc.search(name)):
                     continue
-                if rt.stats is not None and rt.value is None:  # reduced inside the runtime, no tensor
-                    t, shape, dtype, stats = None, rt.shape, rt.dtype, rt.stats
-                else:
-                    t = _to_torch(rt.value)
-                    shape, dtype, stats = tuple(t.shape), dtype_name(t.dtype), compute_stats(t)
-                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=shape, dtype=dtype,
-                                  stats=stats, kind=rt.kind, call=rt.call, runtime_name=rt.runtime_name,
+                t = _to_torch(rt.value)
+                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
+                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind, call=rt.call, runtime_name=rt.runtime_name,
                                   inputs=rt.inputs, tags=rt.tags),
                            t if keep == "full" else None, copy=rt.borrowed)
                 order += 1

@@ -11,10 +11,10 @@ Every intermediate value becomes a graph output ("mark all", as Polygraphy calls
     'instance_norm_25'
     >>> b = ort.capture_artifact("model_int8.onnx", {"asr": asr, ...}, out="int8")     # doctest: +SKIP
 
-Memory: all outputs of a 10 s Kokoro decoder run take ~8 GB. Records are yielded one at a time and
-dropped once written; when the estimated size of the selected outputs exceeds `max_bytes` the graph
-is cut into consecutive segments, each run as its own session on the values the previous ones
-produced, so every node still runs once and only one segment's outputs are in memory at a time.
+Memory: all outputs of a 10 s Kokoro decoder run take ~8 GB. The graph is cut into consecutive segments,
+each run as its own session on the values the previous ones produced (every node still runs once), whose
+outputs ORT writes into one reused buffer of min(`max_bytes`, 256 MiB); records are yielded one at a time,
+each borrowed from that buffer until the next segment runs (see `_run_full`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ import torch
 
 from ..bundle import populated_bytes
 from ..errors import InputError, TargetError
-from ..record import KIND_OUTPUT, KIND_RNG, dtype_name, parse_name
-from ..stats import TensorStats, compute_stats, from_moments
+from ..record import KIND_OUTPUT, KIND_RNG, parse_name
 from ._onnx_names import MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
 from .base import RuntimeAdapter, RuntimeTensor
 from ..hooks import module_hooks
@@ -65,11 +64,9 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         opset: ONNX opset for the export (exporter default if None).
         rules: a mapping-rule file (`REGEX -> MODULE` per line) or `MappingRules`, for graphs whose node
             names carry no module path.
-        max_bytes: memory budget for outputs held at once (default: a third of available memory).
+        max_bytes: memory for outputs held at once: the run is cut into segments whose outputs fit
+            min(max_bytes, 256 MiB) (default max_bytes: a third of available memory).
         threads: ONNX Runtime intra-op threads (default: ORT's choice).
-        in_graph_stats: with keep="stats", reduce each value inside the graph instead of fetching every
-            value whole (default False). Memory stays at the model's own; on the 2-core test machine it was
-            slower than fetching whole values (x9.4 against x5.0 of a plain run, 10 s of Kokoro audio).
     """
 
     name = "onnxruntime"
@@ -82,23 +79,21 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         self._select: tuple[re.Pattern | None, re.Pattern | None] = (None, None)
         self.max_bytes: int | None = None
         self.threads: int | None = None
-        self.in_graph_stats = False
         self.last_run: dict[str, Any] = {}
 
     # ---- hooks ------------------------------------------------------------------------------------
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, exporter: str = "dynamo",
                  opset: int | None = None, rules: Any = None, max_bytes: int | None = None,
-                 threads: int | None = None, in_graph_stats: Any = None) -> OnnxArtifact:
-        self._set_run_options(max_bytes, threads, in_graph_stats)
+                 threads: int | None = None) -> OnnxArtifact:
         path = workdir / "model.onnx"
         export_onnx(model, inputs, path, exporter=exporter, opset=opset)
-        return self._load(path, rules=rules, exporter=exporter, in_graph_stats=in_graph_stats)
+        return self._load(path, rules=rules, exporter=exporter, max_bytes=max_bytes, threads=threads)
 
     def _load(self, path: Path, *, rules: Any = None, exporter: str | None = None,
-              max_bytes: int | None = None, threads: int | None = None, in_graph_stats: Any = None) -> OnnxArtifact:
+              max_bytes: int | None = None, threads: int | None = None) -> OnnxArtifact:
         import onnx
 
-        self._set_run_options(max_bytes, threads, in_graph_stats)
+        self._set_run_options(max_bytes, threads)
         if not path.is_file():
             raise TargetError(f"{path}: no such ONNX file")
         try:
@@ -123,10 +118,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         budget = self.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
         self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
-        if self._keep == "stats" and self.in_graph_stats:
-            yield from self._run_stats(artifact.model, feeds, plans, sizes, shapes, types, budget)
-        else:
-            yield from self._run_full(artifact.model, feeds, plans, sizes, shapes, types, budget)
+        yield from self._run_full(artifact.model, feeds, plans, sizes, shapes, types, budget)
 
     def _run_full(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
                   shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
@@ -155,52 +147,6 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
             yield from _emit(seg_plans, outs, drop=True)
 
-    def _run_stats(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
-                   shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
-        """keep="stats": each float value is reduced inside the graph (sum, sum of squares, min, max), so
-        ORT frees it as usual and only four scalars per value come back. Values whose sums show a NaN or
-        Inf, and values that can't be reduced in the graph, are then fetched whole for exact counts."""
-        values = list(dict.fromkeys(p.value for p in plans))
-        reducible = [v for v in values if types.get(v) in _REDUCIBLE and v in shapes
-                     and sizes.get(v, 0) > _FETCH_WHOLE_BELOW]
-        reduced = set(reducible)
-        small = [v for v in values if v not in reduced and sizes.get(v, 1 << 62) <= _FETCH_WHOLE_BELOW]
-        names = [f"{v}{suffix}" for v in reducible for suffix in _STAT_SUFFIXES]
-        sess = make_session(with_statistics(model, reducible, also=small), self.threads)
-        got = dict(zip(names + small, sess.run(names + small, feeds)))
-        del sess
-        stats: dict[str, TensorStats] = {}
-        dtypes: dict[str, str] = {}
-        for v in reducible:
-            st = from_moments(shapes[v], *(float(got[f"{v}{suffix}"]) for suffix in _STAT_SUFFIXES),
-                              cancellation_ratio=1e-9)  # the sums are float64
-            if st is not None:
-                stats[v] = st
-        def take_whole(v: str, arr: Any) -> None:
-            t = torch.from_numpy(np.ascontiguousarray(arr))
-            stats[v], shapes[v], dtypes[v] = compute_stats(t), tuple(t.shape), dtype_name(t.dtype)
-
-        for v in small:  # small values (shapes, masks, scalars) came back whole in the same run
-            arr = got[v]
-            if getattr(arr, "dtype", None) is not None and arr.dtype != object:
-                take_whole(v, arr)
-        del got
-        fetched = set(small)
-        rest = [p for p in plans if p.value not in stats and p.value not in fetched]
-        runs = 1
-        if rest:
-            for rt in self._run_full(model, feeds, rest, sizes, shapes, types, budget):
-                if rt.runtime_name not in stats:
-                    take_whole(rt.runtime_name, rt.value)
-            runs += self.last_run.get("session_runs", 1)
-        self.last_run.update(session_runs=runs, statistics_in_graph=len(reducible), small_whole=len(small),
-                             fetched_again=len(rest))
-        for p in plans:
-            st = stats.get(p.value)
-            if st is not None:
-                dtype = dtypes.get(p.value) or _onnx_dtype_name(types[p.value])
-                yield from _tensors_for(p, value=None, stats=st, shape=tuple(shapes[p.value]), dtype=dtype)
-
     def runtime_info(self) -> dict[str, Any]:
         info = super().runtime_info()
         info.update(providers=["CPUExecutionProvider"], **self._artifact_info)
@@ -214,11 +160,10 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
                                          model_info=model_info)
 
     # ---- running -----------------------------------------------------------------------------------
-    def _set_run_options(self, max_bytes: int | None, threads: int | None, in_graph_stats: Any = None) -> None:
-        self.max_bytes = max_bytes if max_bytes is not None else self.max_bytes
-        self.threads = threads if threads is not None else self.threads
-        # per call; from the CLI's `-O in_graph_stats=1` it arrives as a string
-        self.in_graph_stats = str(in_graph_stats).lower() in ("1", "true", "yes", "on")
+    def _set_run_options(self, max_bytes: int | None, threads: int | None) -> None:
+        # per call: an option given to one capture must not stick to the next one on this adapter
+        self.max_bytes = max_bytes
+        self.threads = threads
 
     def _selected(self, plan: ValuePlan) -> bool:
         inc, exc = self._select
@@ -472,66 +417,6 @@ def make_session(model: Any, threads: int | None = None) -> Any:
         path = Path(d) / "model.onnx"
         _save(model, path)
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
-_STAT_SUFFIXES = ("::tp_sum", "::tp_sumsq", "::tp_min", "::tp_max")
-_FETCH_WHOLE_BELOW = 64 << 10  # bytes: values this small come back whole rather than reduced
-_REDUCIBLE = {1, 10, 11, 16}  # TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
-
-
-def with_statistics(model: Any, values: list[str], also: list[str] = ()) -> Any:
-    """A copy of `model` whose outputs are, for each of `values`, four scalars computed in the graph:
-    ReduceSum and ReduceSumSquare (in float64), ReduceMin and ReduceMax, over all axes.
-    The values themselves stay internal, so ORT frees them as soon as their consumers ran; values in
-    `also` are graph outputs as they are.
-
-        >>> m = with_statistics(model, ["conv_out"])            # doctest: +SKIP
-        >>> [o.name for o in m.graph.output]                     # doctest: +SKIP
-        ['conv_out::tp_sum', 'conv_out::tp_sumsq', 'conv_out::tp_min', 'conv_out::tp_max']
-    """
-    import onnx
-    from onnx import TensorProto, helper
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(model.graph.value_info) + list(model.graph.output)}
-    del out.graph.output[:]
-    wanted = set(values)
-    reductions: dict[str, list[Any]] = {}
-    for v in values:
-        # ORT's float32 sums accumulate sequentially (std off by ~3e-4 on 32K elements): sum in float64.
-        wide = f"{v}::tp_double"
-        nodes = [helper.make_node("Cast", [v], [wide], to=TensorProto.DOUBLE)]
-        extreme = wide if types.get(v) in (TensorProto.FLOAT16, TensorProto.BFLOAT16) else v  # CPU kernels
-        for op, src, suffix in zip(("ReduceSum", "ReduceSumSquare", "ReduceMin", "ReduceMax"),
-                                   (wide, wide, extreme, extreme), _STAT_SUFFIXES):
-            nodes.append(helper.make_node(op, [src], [f"{v}{suffix}"], keepdims=0))
-            out.graph.output.append(helper.make_empty_tensor_value_info(f"{v}{suffix}"))
-        reductions[v] = nodes
-    known = {vi.name: vi for vi in list(model.graph.value_info) + list(model.graph.output)}
-    for v in also:
-        out.graph.output.append(known[v] if v in known else helper.make_empty_tensor_value_info(v))
-    # Each value's reductions go right after the node that makes it: ORT runs nodes in about the given
-    # order, and reductions appended at the end would keep every value alive to the end (8x slower).
-    ordered: list[Any] = [r for v in values if v not in _node_outputs(model) for r in reductions.pop(v)]
-    for node in model.graph.node:
-        ordered.append(node)
-        for o in node.output:
-            if o in wanted and o in reductions:
-                ordered.extend(reductions.pop(o))
-    del out.graph.node[:]
-    out.graph.node.extend(ordered)
-    return out
-
-
-def _node_outputs(model: Any) -> set[str]:
-    return {o for node in model.graph.node for o in node.output}
-
-
-def _onnx_dtype_name(elem_type: int) -> str:
-    import onnx
-
-    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).name
 
 
 def with_outputs(model: Any, values: list[str]) -> Any:
