@@ -175,7 +175,7 @@ def test_reused_buffers_store_every_tensor_exactly(tmp_path, where):
     with BundleWriter(path, shard_bytes=1024, reuse_buffers=True) as w:
         for i, (k, t) in enumerate(tensors.items()):
             w.add(_rec(k, t, i), t)
-        made = w._staging._made
+        made = w._staging._live
     assert made <= 3  # buffers are reused, not made per shard
     b = Bundle.open(path)
     shards = sorted(p for p in os.listdir(path) if p.endswith(".safetensors"))
@@ -210,3 +210,36 @@ def test_safetensors_header_pads_to_alignment_and_loads(tmp_path):
     assert len(head) == 4096
     (tmp_path / "h.safetensors").write_bytes(head + data)
     assert torch.equal(safetensors.torch.load_file(tmp_path / "h.safetensors")["x"], torch.arange(3.0))
+
+
+def test_staging_buffers_start_small_grow_and_stay_few(tmp_path):
+    """A small capture must not fault in three full shards; a large one reaches full-size shards and
+    never holds more than three buffers."""
+    small = tmp_path / "small"
+    with BundleWriter(small, reuse_buffers=True) as w:
+        t = torch.randn(100)
+        w.add(_rec("x", t), t)
+        assert w._staging._live == 1 and w._stage.capacity == 1 << 20
+    tensors = [torch.full((1 << 18,), float(i)) for i in range(40)]  # 1 MiB each, 40 MiB in all
+    with BundleWriter(tmp_path / "big", shard_bytes=8 << 20, reuse_buffers=True) as w:
+        for i, t in enumerate(tensors):
+            w.add(_rec(f"t{i}", t, i), t)
+            assert w._staging._live <= 3
+    b = Bundle.open(tmp_path / "big")
+    sizes = [p.stat().st_size for p in sorted((tmp_path / "big").glob("tensors-*.safetensors"))]
+    assert sizes[0] < 2 << 20 and max(sizes) > 7 << 20   # 1 MiB first, full 8 MiB shards later
+    for i, t in enumerate(tensors):
+        assert torch.equal(b.tensor(f"t{i}"), t)
+
+
+def test_staged_shard_with_a_header_too_big_for_its_room(tmp_path, monkeypatch):
+    import tensorprobe.bundle as bundle_mod
+
+    monkeypatch.setattr(bundle_mod, "_HEADER_ROOM", 4096)
+    tensors = {f"a.rather.long.module.path.{i:04d}/op.{i}": torch.tensor([float(i)]) for i in range(200)}
+    with BundleWriter(tmp_path / "b", reuse_buffers=True) as w:
+        for i, (k, t) in enumerate(tensors.items()):
+            w.add(_rec(k, t, i), t)
+    b = Bundle.open(tmp_path / "b")
+    for k, t in tensors.items():
+        assert torch.equal(b.tensor(k), t)

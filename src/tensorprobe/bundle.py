@@ -166,9 +166,8 @@ class BundleWriter:
         if record.name in self._names:
             record = record.with_(name=self.unique_name(record.name))
         if tensor is not None:
-            if copy and self._staging is not None and self._stage_copy(record.name, tensor):
-                pass
-            else:
+            shard = self._stage_copy(record.name, tensor) if copy and self._staging is not None else None
+            if shard is None:
                 if self._stage is not None:
                     self.flush()  # a shard is either staged or a dict of tensors, never both
                 t = tensor.detach().to("cpu", copy=copy).contiguous()
@@ -177,7 +176,8 @@ class BundleWriter:
                 self._pending_ptrs.add(t.untyped_storage().data_ptr())
                 self._pending[record.name] = t
                 self._pending_bytes += t.numel() * t.element_size()
-            record = record.with_(shard=self._shard_name(len(self._shards)))
+                shard = self._shard_name(len(self._shards))
+            record = record.with_(shard=shard)
         self._names.add(record.name)
         self._lines.append(json.dumps(record.to_dict()))
         if self._pending_bytes >= self.shard_bytes:
@@ -186,23 +186,26 @@ class BundleWriter:
             self._write_journal()
         return record
 
-    def _stage_copy(self, name: str, tensor: torch.Tensor) -> bool:
-        """Copy `tensor` into the staging buffer (flushing it first when full). False for a tensor larger
-        than a buffer or of a dtype safetensors has no code for: those get their own allocation."""
+    def _stage_copy(self, name: str, tensor: torch.Tensor) -> str | None:
+        """Copy `tensor` into the staging buffer (flushing it first when full) and return the name of its
+        shard. None for a tensor larger than a buffer or of a dtype safetensors has no code for: those get
+        their own allocation."""
         assert self._staging is not None
         code = _SAFETENSORS_DTYPES.get(tensor.dtype)
         nbytes = tensor.numel() * tensor.element_size()
         if code is None or not 0 < nbytes <= self._staging.nbytes or tensor.layout != torch.strided:
-            return False
-        if self._stage is not None and self._stage.used + nbytes > self._staging.nbytes:
+            return None
+        if self._stage is not None and self._stage.used + nbytes > self._stage.capacity:
             self.flush()
         if self._stage is None:
             if self._pending:
                 self.flush()
-            self._stage = _StagedShard(self._staging.take())
+            self._stage = _StagedShard(*self._staging.take(at_least=nbytes))
         self._stage.add(name, code, tensor)
-        self._pending_bytes = self._stage.used
-        return True
+        shard = self._shard_name(len(self._shards))
+        if self._stage.used >= self._stage.capacity:
+            self.flush()
+        return shard
 
     def _write_journal(self) -> None:
         new = self._lines[self._journaled:]
@@ -300,7 +303,7 @@ class _ShardWriter:
                 except Exception as e:  # disk full, permissions: reported by finish()
                     self._error = e
             if isinstance(tensors, _StagedShard) and self._release is not None:
-                self._release(tensors.buffer)
+                self._release(tensors.buffer, tensors.capacity)
             del tensors, item
 
     def finish(self) -> BaseException | None:
@@ -317,6 +320,7 @@ _SAFETENSORS_DTYPES = {
 }
 _PAGE = 4096  # O_DIRECT wants page-aligned addresses, lengths and file offsets
 _HEADER_ROOM = 1 << 20  # bytes kept in front of a staging buffer's data for the shard's header
+_FIRST_STAGE = 1 << 20  # data capacity of the first staging buffer of a capture
 
 
 def safetensors_header(entries: Any, metadata: dict[str, str] | None = None, align: int = 8) -> bytes:
@@ -342,8 +346,9 @@ class _StagedShard:
     the file is written with O_DIRECT where the filesystem allows it. Page-cache writes of fresh pages ran
     at 0.3-0.4 GB/s on this project's VMs, O_DIRECT at ~2 GB/s, and it leaves the page cache to the user."""
 
-    def __init__(self, buffer: torch.Tensor):
+    def __init__(self, buffer: torch.Tensor, capacity: int):
         self.buffer = buffer
+        self.capacity = capacity  # bytes of tensor data it holds
         self.used = 0
         self.entries: list[tuple[str, str, tuple[int, ...], int, int]] = []
 
@@ -402,24 +407,34 @@ def _write_direct(path: Path, buf: np.ndarray, start: int, end: int) -> bool:
 
 
 class _StagingBuffers:
-    """A few shard-sized byte buffers, handed out and taken back, so tensor copies land in memory that
-    was faulted in once. Made on first use, pre-faulted in one call where the OS allows it."""
+    """At most `count` staging buffers, handed out and taken back, so tensor copies land in memory that
+    was faulted in once. They start small (1 MiB of data) and grow 4x per new buffer up to `nbytes`, so a
+    small capture does not fault in and hold three full shards; an outgrown buffer is dropped when it
+    comes back."""
 
     def __init__(self, nbytes: int, count: int):
         self.nbytes = nbytes
         self._count = count
-        self._made = 0
+        self._live = 0
+        self._next = min(nbytes, _FIRST_STAGE)
         self._free: queue.SimpleQueue = queue.SimpleQueue()
 
-    def take(self) -> torch.Tensor:
-        """A free buffer; when all are in use, wait for the shard writer to give one back."""
-        if self._free.empty() and self._made < self._count:
-            self._made += 1
-            return populated_bytes(_HEADER_ROOM + self.nbytes + _PAGE)
-        return self._free.get()
+    def take(self, at_least: int = 0) -> tuple[torch.Tensor, int]:
+        """(buffer, capacity) with room for `at_least` bytes of data; when all buffers are in use, wait
+        for the shard writer to give one back."""
+        self._next = min(self.nbytes, max(self._next, at_least))
+        while True:
+            if self._free.empty() and self._live < self._count:
+                self._live += 1
+                capacity, self._next = self._next, min(self.nbytes, 4 * self._next)
+                return populated_bytes(_HEADER_ROOM + capacity + _PAGE), capacity
+            buffer, capacity = self._free.get()
+            if capacity >= self._next:
+                return buffer, capacity
+            self._live -= 1  # outgrown: let it go and make a bigger one
 
-    def give(self, buffer: torch.Tensor) -> None:
-        self._free.put(buffer)
+    def give(self, buffer: torch.Tensor, capacity: int) -> None:
+        self._free.put((buffer, capacity))
 
 
 def populated_bytes(nbytes: int) -> torch.Tensor:

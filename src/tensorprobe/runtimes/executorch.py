@@ -33,7 +33,7 @@ from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from ..record import short_op
 from .base import RuntimeAdapter, RuntimeTensor
-from .exported import TapInfo, export_tapped
+from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import
 
 # Edge ops that only move data: never the "main" op of an instruction.
 _MOVE_OPS = ("view_copy", "permute_copy", "expand_copy", "squeeze_copy", "unsqueeze_copy", "clone", "getitem",
@@ -50,7 +50,13 @@ class PteArtifact:
 
 
 class ExecuTorchAdapter(RuntimeAdapter):
-    """Capture a model lowered to ExecuTorch (portable kernels; `backend="xnnpack"` to delegate)."""
+    """Capture a model lowered to ExecuTorch (portable kernels; `backend="xnnpack"` to delegate).
+
+    Options of `capture`: `taps` (module outputs as extra program outputs, default True), `backend`,
+    `save` (keep the `.pte`, `.etrecord` and `.taps.json` at this path), `random="zeros"` (ExecuTorch has
+    no kernels for `rand`/`randn`: replace them by zeros, allowed only when the model's output is then
+    unchanged in PyTorch, which is checked).
+    """
 
     name = "executorch"
     package = "executorch"
@@ -59,9 +65,16 @@ class ExecuTorchAdapter(RuntimeAdapter):
     backend = "portable"
 
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, taps: bool = True,
-                 backend: str | None = None, save: str | None = None) -> PteArtifact:
+                 backend: str | None = None, save: str | None = None, random: str = "keep") -> PteArtifact:
         backend = backend or self.backend
         ep, info = export_tapped(model.eval(), inputs, taps=taps)
+        if random == "zeros":  # ExecuTorch has no random kernels; allowed only where the output ignores them
+            rewritten, counts = rewrite_for_import(ep, random="zeros")
+            if counts:
+                check_equivalent(ep, rewritten, inputs, n_outputs=info.n_outputs)
+            ep = rewritten
+        elif random != "keep":
+            raise InputError(f"unknown random={random!r}; use 'keep' or 'zeros'")
         pte = Path(save) if save else workdir / "model.pte"
         etrecord = pte.with_suffix(".etrecord")
         lower_to_pte(ep, pte, backend=backend, etrecord=etrecord)
@@ -124,8 +137,10 @@ def lower_to_pte(ep: Any, pte: Path, *, backend: str = "portable", etrecord: Pat
         edge = to_edge_transform_and_lower(ep, partitioner=partitioners, generate_etrecord=etrecord is not None)
         program = edge.to_executorch()
     except Exception as e:  # exir raises many error types; the first line names the op
+        hint = ("; random ops can be replaced by zeros with random='zeros' when the output does not depend on "
+                "them (checked)") if "aten.rand" in str(e) else ""
         raise InputError(f"ExecuTorch could not lower the graph ({backend}): {type(e).__name__}: "
-                         f"{_first_line(e)}") from None
+                         f"{_first_line(e)}{hint}") from None
     pte.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(pte, program.buffer)
     if etrecord is not None:

@@ -8,7 +8,8 @@ runtime has to materialise it. Tap names follow the record grammar and the PyTor
 up with no mapping rules:
 
     >>> tapped = TappedModule(model)                                     # doctest: +SKIP
-    >>> ep = torch.export.export(tapped, inputs)                         # doctest: +SKIP
+    >>> with tapped.hooked():                                            # doctest: +SKIP
+    ...     ep = torch.export.export(tapped, inputs)
     >>> tapped.tap_names[:2]                                             # doctest: +SKIP
     ['encode.conv1', 'encode.norm1.norm']
 
@@ -22,8 +23,9 @@ rewritten graph in PyTorch.
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -39,8 +41,9 @@ class TappedModule(torch.nn.Module):
         model: the wrapped module.
         include: a predicate on module paths ("" is the root) deciding which modules are tapped.
 
-    After one traced call, `tap_names` holds the record name of each extra output, `tap_inputs` the
-    names of the taps each module consumed, and `n_outputs` the number of model outputs.
+    Call it (eagerly, or under `torch.export`) inside `with tapped.hooked():`. After an eager call,
+    `tap_names` holds the record name of each extra output, `tap_inputs` the names of the taps each module
+    consumed, and `n_outputs` the number of model outputs.
     """
 
     def __init__(self, model: torch.nn.Module, include: Callable[[str], bool] | None = None):
@@ -49,6 +52,7 @@ class TappedModule(torch.nn.Module):
         self._include = include or (lambda path: True)
         # Filled by an eager forward: torch.export undoes state changes made while it traces.
         self._seen: dict[str, Any] = {"names": [], "modules": [], "inputs": [], "n_outputs": 0}
+        self._calls: list[_TapCollector] = []  # the forward running now (hooks write to the last one)
 
     @property
     def tap_names(self) -> list[str]:
@@ -66,40 +70,66 @@ class TappedModule(torch.nn.Module):
     def n_outputs(self) -> int:
         return self._seen["n_outputs"]
 
-    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
-        taps: list[torch.Tensor] = []
-        names: list[str] = []
-        modules: list[str] = []
-        ins: list[tuple[str, ...]] = []
-        calls: dict[str, int] = {}
-        producer: dict[int, str] = {}
-
-        def hook_for(path: str):
-            def hook(module, hook_args, output):
-                call = calls.get(path, 0)
-                calls[path] = call + 1
-                flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
-                consumed = tuple(dict.fromkeys(producer[id(a)] for a in tree_flatten(hook_args)[0]
-                                               if isinstance(a, torch.Tensor) and id(a) in producer))
-                for i, t in enumerate(flat):
-                    name = record_name(path, call, output=i if len(flat) > 1 else None)
-                    taps.append(t)
-                    names.append(name)
-                    modules.append(path)
-                    ins.append(consumed)
-                    producer[id(t)] = name
-            return hook
-
-        handles = [m.register_forward_hook(hook_for(path)) for path, m in self.model.named_modules()
-                   if self._include(path)]
+    @contextmanager
+    def hooked(self) -> Iterator["TappedModule"]:
+        """Hooks on the model's modules for the duration of the block: one per module object, under its
+        first path. They are registered here, before any tracing: while torch.export traces, a module
+        shared by several parents (Kokoro's AdainResBlk1d blocks share one LeakyReLU) is seen under each
+        path, and hooks registered then fired once per path (40 extra outputs on the Kokoro decoder)."""
+        handles, hooked = [], set()
+        for path, m in self.model.named_modules():
+            if id(m) in hooked or not self._include(path):
+                continue
+            hooked.add(id(m))
+            handles.append(m.register_forward_hook(self._hook_for(path)))
         try:
-            out = self.model(*args)
+            yield self
         finally:
             for h in handles:
                 h.remove()
+
+    def _hook_for(self, path: str):
+        def hook(module, hook_args, output):
+            if self._calls:
+                self._calls[-1].add(path, hook_args, output)
+        return hook
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        tap = _TapCollector()
+        self._calls.append(tap)
+        try:
+            out = self.model(*args)
+        finally:
+            self._calls.pop()
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        self._seen.update(names=names, modules=modules, inputs=ins, n_outputs=len(flat_out))
-        return (*flat_out, *taps)
+        self._seen.update(names=tap.names, modules=tap.modules, inputs=tap.inputs, n_outputs=len(flat_out))
+        return (*flat_out, *tap.tensors)
+
+
+class _TapCollector:
+    """The taps of one forward call, in the order their modules returned."""
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.names: list[str] = []
+        self.modules: list[str] = []
+        self.inputs: list[tuple[str, ...]] = []
+        self._calls: dict[str, int] = {}
+        self._producer: dict[int, str] = {}
+
+    def add(self, path: str, args: Any, output: Any) -> None:
+        call = self._calls.get(path, 0)
+        self._calls[path] = call + 1
+        flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+        consumed = tuple(dict.fromkeys(self._producer[id(a)] for a in tree_flatten(args)[0]
+                                       if isinstance(a, torch.Tensor) and id(a) in self._producer))
+        for i, t in enumerate(flat):
+            name = record_name(path, call, output=i if len(flat) > 1 else None)
+            self.tensors.append(t)
+            self.names.append(name)
+            self.modules.append(path)
+            self.inputs.append(consumed)
+            self._producer[id(t)] = name
 
 
 @dataclass(frozen=True)
@@ -143,13 +173,14 @@ class TapInfo:
 def export_tapped(model: torch.nn.Module, inputs: tuple, *, taps: bool = True) -> tuple[Any, TapInfo]:
     """`torch.export` `model` (wrapped in `TappedModule` when `taps`); raises InputError if export fails."""
     module: torch.nn.Module = TappedModule(model) if taps else _FlatOutputs(model)
-    with torch.no_grad():
-        module.eval()(*inputs)  # names the outputs: torch.export undoes state changes made while tracing
-    try:
-        ep = torch.export.export(module, tuple(inputs))
-    except Exception as e:  # torch.export raises many types; the message is what the user needs
-        raise InputError(f"torch.export could not trace {type(model).__name__}: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    with module.hooked() if taps else nullcontext():
+        with torch.no_grad():
+            module.eval()(*inputs)  # names the outputs: torch.export undoes state changes made while tracing
+        try:
+            ep = torch.export.export(module, tuple(inputs))
+        except Exception as e:  # torch.export raises many types; the message is what the user needs
+            raise InputError(f"torch.export could not trace {type(model).__name__}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
     info = TapInfo.from_module(module) if taps else TapInfo.untapped(module.n_outputs)
     return ep, info
 
