@@ -243,3 +243,22 @@ def test_staged_shard_with_a_header_too_big_for_its_room(tmp_path, monkeypatch):
     b = Bundle.open(tmp_path / "b")
     for k, t in tensors.items():
         assert torch.equal(b.tensor(k), t)
+
+
+def test_captured_bundle_equals_the_bundle_read_back(tmp_path):
+    """capture() returns the bundle built from what it wrote, without reading the manifest back: it must
+    be the same as opening the directory."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            y = torch.log(x)             # NaN for the negative entries
+            return y.sum(), torch.randn(3) * 0, x > 0
+
+    x = torch.tensor([[1.0, -1.0, 2.0], [0.5, 3.0, -2.0]])
+    got = capture(M(), x, level="op", keep="full", out=tmp_path / "b")
+    again = Bundle.open(tmp_path / "b")
+    assert [r.to_dict() for r in got] == [r.to_dict() for r in again]
+    assert got.manifest == {k: v for k, v in again.manifest.items() if k != "records"}
+    assert not got["<root>/log.0"].stats.all_finite
+    for r in again:
+        if r.has_tensor:
+            assert torch.equal(got.tensor(r.name).nan_to_num(), again.tensor(r.name).nan_to_num())

@@ -361,7 +361,7 @@ class Capture:
         self._uninstall()
         assert self._writer is not None
         self._writer.close(error=exc)
-        self.bundle = Bundle.open(self._writer.path)
+        self.bundle = self._writer.bundle()
         if self._tmpdir is not None:
             weakref.finalize(self.bundle, self._tmpdir.cleanup)
 

@@ -61,13 +61,8 @@ class Record:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        # Field by field, not dataclasses.asdict: that deep-copies, and a capture writes thousands of these.
-        d: dict[str, Any] = {}
-        for f in _RECORD_FIELDS:
-            v = getattr(self, f)
-            if v is None or v == ():
-                continue
-            d[f] = list(v) if isinstance(v, tuple) else v
+        # From __dict__, not dataclasses.asdict: that deep-copies, and a capture writes thousands of these.
+        d = {f: list(v) if type(v) is tuple else v for f, v in self.__dict__.items() if v is not None and v != ()}
         d["stats"] = self.stats.to_dict()
         return d
 
@@ -83,8 +78,6 @@ class Record:
             runtime_name=d.get("runtime_name"), tags=tuple(d.get("tags", ())),
         )
 
-
-_RECORD_FIELDS = tuple(Record.__dataclass_fields__)
 
 
 def dtype_name(dtype: Any) -> str:

@@ -75,7 +75,9 @@ class TensorStats:
         return "; ".join(parts) if parts else None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f: _json_float(getattr(self, f)) for f in self.__dataclass_fields__}
+        d = dict(self.__dict__)  # field order; every capture writes thousands of these
+        for f in _FLOAT_FIELDS:
+            d[f] = _json_float(d[f])
         d["nonfinite_channel_idx"] = list(self.nonfinite_channel_idx)
         return d
 
@@ -85,6 +87,9 @@ class TensorStats:
         kw = {k: _from_json_float(v) for k, v in d.items() if k in known}
         kw["nonfinite_channel_idx"] = tuple(kw.get("nonfinite_channel_idx") or ())
         return cls(**kw)
+
+
+_FLOAT_FIELDS = ("finite_frac", "min", "max", "mean", "std", "absmax")
 
 
 def compute_stats(tensor: torch.Tensor | np.ndarray, channel_dim: int | None = 1) -> TensorStats:

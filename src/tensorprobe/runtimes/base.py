@@ -128,7 +128,7 @@ class RuntimeAdapter:
                                   inputs=rt.inputs, tags=rt.tags),
                            t if keep == "full" else None, copy=rt.borrowed)
                 order += 1
-        return Bundle.open(out)
+        return writer.bundle()
 
 
 def _name_inputs(inputs: Any) -> dict[str, Any]:
