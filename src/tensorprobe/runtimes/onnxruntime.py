@@ -131,7 +131,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         """
         pool = _OutputPool(min(budget, _POOL_BYTES))
         segments = split_segments(model, plans, sizes, pool.nbytes)
-        self.last_run.update(session_runs=len(segments), pool_bytes=pool.nbytes)
+        self.last_run["session_runs"] = len(segments)
         live: dict[str, np.ndarray] = dict(feeds)
         needed_later = _last_use(model, segments)
         for k, (lo, hi) in enumerate(segments):
@@ -145,6 +145,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
                     del live[v]
             # values later segments read are copied out: the buffer is overwritten by the next segment
             live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
+            self.last_run["pool_bytes"] = pool.allocated
             yield from _emit(seg_plans, outs, drop=True)
 
     def runtime_info(self) -> dict[str, Any]:
@@ -506,11 +507,16 @@ def split_segments(model: Any, plans: list[ValuePlan], sizes: dict[str, int], bu
 
 class _OutputPool:
     """One pre-faulted byte buffer handed out as NumPy arrays for a segment's outputs, and reused by the
-    next segment; it grows (rarely) when a segment needs more than it holds."""
+    next segment. It is sized to what the segments need, doubling up to `nbytes` (so a small model does
+    not fault in 256 MiB), and past `nbytes` only for a segment that needs more on its own."""
 
     def __init__(self, nbytes: int):
         self.nbytes = max(int(nbytes), 1)
         self._buffer: np.ndarray | None = None
+
+    @property
+    def allocated(self) -> int:
+        return 0 if self._buffer is None else self._buffer.nbytes
 
     def arrays(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
         """Arrays of the given shapes and dtypes, 64-byte aligned, valid until the next call."""
@@ -518,9 +524,8 @@ class _OutputPool:
         for name, (shape, dtype) in specs.items():
             offsets[name] = end
             end += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64) * 64
-        if self._buffer is None or end > self._buffer.nbytes:
-            self.nbytes = max(self.nbytes, end)
-            self._buffer = populated_bytes(self.nbytes).numpy()
+        if end > self.allocated:
+            self._buffer = populated_bytes(max(end, min(self.nbytes, 2 * self.allocated))).numpy()
         out = {}
         for name, (shape, dtype) in specs.items():
             n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
