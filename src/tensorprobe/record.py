@@ -32,6 +32,10 @@ KIND_INPUT = "input"    # an input of a module call (kept for replay / isolate)
 KIND_RNG = "rng"        # output of a random op (randn, rand, dropout, ...)
 KIND_MODEL_INPUT = "model_input"  # the inputs handed to the model
 
+# Tag of a runtime's record computed from random ops that the port replaced by zeros (random="zeros"):
+# it differs from the reference by construction, so `diff` does not compare it.
+TAG_RANDOM_REPLACED = "random_replaced"
+
 
 @dataclass(frozen=True)
 class Record:

@@ -1,5 +1,7 @@
 """Module taps of an exported program (shared by the ExecuTorch and TVM adapters); plain torch.export."""
 
+from dataclasses import replace
+
 import torch
 
 from tensorprobe.runtimes.exported import export_tapped
@@ -32,3 +34,58 @@ def test_taps_of_a_shared_module_line_up_with_the_program_outputs():
         assert torch.equal(taps["a.1"], torch.nn.functional.leaky_relu(h, 0.2))
         assert torch.equal(taps["a.1@1"], torch.nn.functional.leaky_relu(model.b[0](taps["a"]), 0.2))
         assert torch.equal(taps["<root>"], model(x))
+
+
+class _NoisyTap(torch.nn.Module):
+    """A source module whose noise output the model drops (Kokoro's SourceModuleHnNSF with an unused
+    noise branch): replacing its randn by zeros leaves the model output unchanged, not the tap."""
+
+    def __init__(self):
+        super().__init__()
+        self.src = _Source()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        har, _noise = self.src(x)
+        return self.lin(har)
+
+
+class _Source(torch.nn.Module):
+    def forward(self, x):
+        return torch.tanh(x), torch.randn_like(x) * 0.1
+
+
+def test_outputs_computed_from_replaced_random_ops_are_tagged_and_not_compared(tmp_path):
+    from tensorprobe import capture, diff
+    from tensorprobe.bundle import BundleWriter
+    from tensorprobe.record import TAG_RANDOM_REPLACED, Record
+    from tensorprobe.runtimes.exported import (TapInfo, check_equivalent, outputs_from_replaced_random,
+                                               rewrite_for_import)
+    from tensorprobe.stats import compute_stats
+
+    torch.manual_seed(0)
+    model, x = _NoisyTap().eval(), torch.randn(2, 4)
+    ep, info = export_tapped(model, (x,))
+    rewritten, counts = rewrite_for_import(ep, random="zeros")
+    assert counts.get("random_to_zeros") == 1
+    check_equivalent(ep, rewritten, (x,), n_outputs=info.n_outputs)  # the model output does not change
+    replaced = outputs_from_replaced_random(rewritten)
+    names = [info.output_name(i)[0] if info.output_name(i) else None for i in replaced]
+    assert names == ["src:1"]   # the noise tap only: not src:0, lin or the root
+
+    # a candidate bundle with the port's values, tagged as the adapters tag them
+    with torch.no_grad():
+        outs = rewritten.module()(x)
+    info = replace(info, replaced=replaced)
+    assert info.tags(replaced[0]) == (TAG_RANDOM_REPLACED,) and TapInfo.from_dict(info.to_dict()) == info
+    with BundleWriter(tmp_path / "cand") as w:
+        for i, t in enumerate(outs):
+            named = info.output_name(i)
+            if named is not None:
+                w.add(Record(name=named[0], module=named[1], op="port", order=i, shape=tuple(t.shape),
+                             dtype="float32", stats=compute_stats(t), tags=info.tags(i)), t)
+    ref = capture(model, x, level="module", keep="full", out=tmp_path / "ref")
+    report = diff(ref, tmp_path / "cand")
+    noise = report.pair("src:1")
+    assert noise.status == "no_data" and "random" in noise.reasons[0]
+    assert report.passed and report.first_divergence is None

@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..bundle import Bundle
 from ..errors import InputError
-from ..record import Record, short_op
+from ..record import TAG_RANDOM_REPLACED, Record, short_op
 from . import analysis
 from .align import Pair, Rule, align, load_rules, parse_rule, same_shape
 from .db import DB_SCALES, db_error
@@ -87,6 +87,9 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
                 order=r.order, shape=tuple(r.shape), cand_shape=tuple(c.shape), dtype=r.dtype,
                 cand_dtype=c.dtype, match=pair.method, tags=tuple(sorted(set(r.tags) | set(c.tags)
                                                                         | ({"angle"} if angle else set()))))
+    if TAG_RANDOM_REPLACED in base["tags"]:
+        return PairResult(**base, status=STATUS_NO_DATA, reasons=(
+            "not compared: computed from random ops the candidate replaced by zeros (random='zeros')",))
     if not same_shape(r.shape, c.shape):
         return PairResult(**base, status=STATUS_SHAPE,
                           reasons=(f"shape {_shape(r.shape)} vs {_shape(c.shape)}",))

@@ -22,7 +22,7 @@ import io
 import json
 import tempfile
 from contextlib import redirect_stdout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,7 +33,7 @@ from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from ..record import short_op
 from .base import RuntimeAdapter, RuntimeTensor
-from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import
+from .exported import TapInfo, check_equivalent, export_tapped, outputs_from_replaced_random, rewrite_for_import
 
 # Edge ops that only move data: never the "main" op of an instruction.
 _MOVE_OPS = ("view_copy", "permute_copy", "expand_copy", "squeeze_copy", "unsqueeze_copy", "clone", "getitem",
@@ -72,7 +72,7 @@ class ExecuTorchAdapter(RuntimeAdapter):
             rewritten, counts = rewrite_for_import(ep, random="zeros")
             if counts:
                 check_equivalent(ep, rewritten, inputs, n_outputs=info.n_outputs)
-            ep = rewritten
+            ep, info = rewritten, replace(info, replaced=outputs_from_replaced_random(rewritten))
         elif random != "keep":
             raise InputError(f"unknown random={random!r}; use 'keep' or 'zeros'")
         pte = Path(save) if save else workdir / "model.pte"
@@ -265,7 +265,7 @@ def _program_output(taps: TapInfo, i: int, t: torch.Tensor) -> RuntimeTensor | N
         return None
     name, module, consumed = named
     return RuntimeTensor(runtime_name=f"forward:output[{i}]", module=module, op="executorch.output", value=t,
-                         name=name, inputs=consumed)
+                         name=name, inputs=consumed, tags=taps.tags(i))
 
 
 def _buffer_size(ep: Any) -> int:

@@ -31,7 +31,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ..errors import InputError
-from ..record import ROOT, record_name
+from ..record import ROOT, TAG_RANDOM_REPLACED, record_name
 
 
 class TappedModule(torch.nn.Module):
@@ -140,6 +140,7 @@ class TapInfo:
     modules: tuple[str, ...]
     inputs: tuple[tuple[str, ...], ...]
     n_outputs: int
+    replaced: tuple[int, ...] = ()  # flat outputs computed from random ops replaced by zeros
 
     @classmethod
     def from_module(cls, tapped: TappedModule) -> "TapInfo":
@@ -151,11 +152,16 @@ class TapInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"names": list(self.names), "modules": list(self.modules),
-                "inputs": [list(i) for i in self.inputs], "n_outputs": self.n_outputs}
+                "inputs": [list(i) for i in self.inputs], "n_outputs": self.n_outputs, "replaced": list(self.replaced)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TapInfo":
-        return cls(tuple(d["names"]), tuple(d["modules"]), tuple(tuple(i) for i in d["inputs"]), int(d["n_outputs"]))
+        return cls(tuple(d["names"]), tuple(d["modules"]), tuple(tuple(i) for i in d["inputs"]), int(d["n_outputs"]),
+                   tuple(int(i) for i in d.get("replaced", ())))
+
+    def tags(self, i: int) -> tuple[str, ...]:
+        """Record tags of flat output `i`."""
+        return (TAG_RANDOM_REPLACED,) if i in self.replaced else ()
 
     def output_name(self, i: int) -> tuple[str, str, tuple[str, ...]] | None:
         """(record name, module path, consumed taps) of flat output `i` of the program; None for a model
@@ -260,7 +266,25 @@ def _rewrite_random_to_zeros(graph: Any, node: Any) -> bool:
         return False
     node.target = target
     node.kwargs = {k: v for k, v in node.kwargs.items() if k != "generator"}
+    node.meta[_REPLACED_RANDOM] = True
     return True
+
+
+_REPLACED_RANDOM = "tensorprobe_replaced_random"
+
+
+def outputs_from_replaced_random(ep: Any) -> tuple[int, ...]:
+    """Indices of the program's flat outputs whose values depend on a random op that `random="zeros"`
+    replaced: they differ from PyTorch by construction (`check_equivalent` only proves that the model's own
+    outputs do not), so they are tagged and `diff` leaves them out."""
+    graph = ep.graph_module.graph
+    reached = {n for n in graph.nodes if n.meta.get(_REPLACED_RANDOM)}
+    for node in graph.nodes:  # topological order: a node is reached if any of its inputs is
+        if node not in reached and any(a in reached for a in node.all_input_nodes):
+            reached.add(node)
+    out = next(n for n in graph.nodes if n.op == "output")
+    flat = tree_flatten(out.args[0])[0]
+    return tuple(i for i, a in enumerate(flat) if a in reached)
 
 
 REWRITES: dict[str, tuple[Any, Callable[[Any, Any], bool]]] = {

@@ -23,7 +23,7 @@ output unchanged. Anything else TVM cannot import is reported by op name (InputE
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,7 +33,8 @@ import torch
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from .base import RuntimeAdapter, RuntimeTensor
-from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import, unsupported_ops_message
+from .exported import (TapInfo, check_equivalent, export_tapped, outputs_from_replaced_random, rewrite_for_import,
+                       unsupported_ops_message)
 
 # Kernel symbols of the VM's own bookkeeping (allocation, shape checks): not numerical results.
 _VM_BUILTIN_PREFIX = "vm.builtin."
@@ -64,7 +65,9 @@ class TvmAdapter(RuntimeAdapter):
         if kernels is not None:
             self.kernels = kernels
         ep, info = export_tapped(model.eval(), inputs, taps=taps)
-        executable, rewrites = compile_program(ep, inputs, target=target, random=random, n_outputs=info.n_outputs)
+        executable, rewrites, replaced = compile_program(ep, inputs, target=target, random=random,
+                                                         n_outputs=info.n_outputs)
+        info = replace(info, replaced=replaced)
         if save:
             save_artifact(executable, info, Path(save))
         return TvmArtifact(executable, info, target, rewrites)
@@ -104,15 +107,16 @@ class TvmAdapter(RuntimeAdapter):
 
         self.require()
         ep, _ = export_tapped(module.eval(), inputs, taps=False)
-        executable, _ = compile_program(ep, inputs, target=options.get("target", "llvm"),
+        executable, _, _ = compile_program(ep, inputs, target=options.get("target", "llvm"),
                                         random=options.get("random", "keep"))
         vm = relax.VirtualMachine(executable, tvm.cpu())
         return [t.numpy() for t in _flatten_tvm(vm["main"](*[tvm.runtime.tensor(_np(x)) for x in inputs]))]
 
 
 def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str = "keep",
-                    n_outputs: int | None = None) -> tuple[Any, dict]:
-    """Rewrite, import and compile an ExportedProgram for `target`. Returns (executable, rewrite counts)."""
+                    n_outputs: int | None = None) -> tuple[Any, dict, tuple[int, ...]]:
+    """Rewrite, import and compile an ExportedProgram for `target`. Returns (executable, rewrite counts,
+    indices of the outputs computed from random ops replaced by zeros)."""
     import tvm
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -127,7 +131,7 @@ def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str
     except Exception as e:  # the importer raises TypeError/AssertionError/TVMError with the op in the text
         raise InputError(f"TVM Relax could not import the graph: {type(e).__name__}: {_first_line(e)}") from None
     try:
-        return tvm.compile(mod, target=target), counts
+        return tvm.compile(mod, target=target), counts, outputs_from_replaced_random(rewritten)
     except Exception as e:
         raise InputError(f"TVM could not compile the graph for {target!r}: {type(e).__name__}: "
                          f"{_first_line(e)}") from None
@@ -174,7 +178,7 @@ def _program_outputs(taps: TapInfo, outs: list[Any]) -> Iterator[RuntimeTensor]:
             continue
         name, module, consumed = named
         yield RuntimeTensor(runtime_name=f"main:output[{i}]", module=module, op="tvm.output",
-                            value=t.numpy(), name=name, inputs=consumed)
+                            value=t.numpy(), name=name, inputs=consumed, tags=taps.tags(i))
 
 
 def _flatten_tvm(value: Any) -> list[Any]:
