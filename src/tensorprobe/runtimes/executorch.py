@@ -33,7 +33,7 @@ from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from ..record import short_op
 from .base import RuntimeAdapter, RuntimeTensor
-from .exported import TapInfo, check_equivalent, export_tapped, outputs_from_replaced_random, rewrite_for_import
+from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import
 
 # Edge ops that only move data: never the "main" op of an instruction.
 _MOVE_OPS = ("view_copy", "permute_copy", "expand_copy", "squeeze_copy", "unsqueeze_copy", "clone", "getitem",
@@ -70,9 +70,8 @@ class ExecuTorchAdapter(RuntimeAdapter):
         ep, info = export_tapped(model.eval(), inputs, taps=taps)
         if random == "zeros":  # ExecuTorch has no random kernels; allowed only where the output ignores them
             rewritten, counts = rewrite_for_import(ep, random="zeros")
-            if counts:
-                check_equivalent(ep, rewritten, inputs, n_outputs=info.n_outputs)
-            ep, info = rewritten, replace(info, replaced=outputs_from_replaced_random(rewritten))
+            changed = check_equivalent(ep, rewritten, inputs, n_outputs=info.n_outputs) if counts else ()
+            ep, info = rewritten, replace(info, replaced=changed)
         elif random != "keep":
             raise InputError(f"unknown random={random!r}; use 'keep' or 'zeros'")
         pte = Path(save) if save else workdir / "model.pte"

@@ -33,8 +33,7 @@ import torch
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from .base import RuntimeAdapter, RuntimeTensor
-from .exported import (TapInfo, check_equivalent, export_tapped, outputs_from_replaced_random, rewrite_for_import,
-                       unsupported_ops_message)
+from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import, unsupported_ops_message
 
 # Kernel symbols of the VM's own bookkeeping (allocation, shape checks): not numerical results.
 _VM_BUILTIN_PREFIX = "vm.builtin."
@@ -116,13 +115,12 @@ class TvmAdapter(RuntimeAdapter):
 def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str = "keep",
                     n_outputs: int | None = None) -> tuple[Any, dict, tuple[int, ...]]:
     """Rewrite, import and compile an ExportedProgram for `target`. Returns (executable, rewrite counts,
-    indices of the outputs computed from random ops replaced by zeros)."""
+    indices of the taps that the random->zeros rewrite changed)."""
     import tvm
     from tvm.relax.frontend.torch import from_exported_program
 
     rewritten, counts = rewrite_for_import(ep, random=random)
-    if counts:
-        check_equivalent(ep, rewritten, inputs, n_outputs=n_outputs)
+    changed = check_equivalent(ep, rewritten, inputs, n_outputs=n_outputs) if counts else ()
     missing = _unsupported(rewritten)
     if missing:
         raise InputError(unsupported_ops_message("TVM Relax", missing, counts))
@@ -131,7 +129,7 @@ def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str
     except Exception as e:  # the importer raises TypeError/AssertionError/TVMError with the op in the text
         raise InputError(f"TVM Relax could not import the graph: {type(e).__name__}: {_first_line(e)}") from None
     try:
-        return tvm.compile(mod, target=target), counts, outputs_from_replaced_random(rewritten)
+        return tvm.compile(mod, target=target), counts, changed
     except Exception as e:
         raise InputError(f"TVM could not compile the graph for {target!r}: {type(e).__name__}: "
                          f"{_first_line(e)}") from None
