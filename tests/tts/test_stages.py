@@ -43,6 +43,18 @@ def test_out_of_vocabulary_id_is_flagged_with_its_position():
     assert f["count"] == 1 and f["first"] == 2 and f["max"] == 87 and f["limit"] == 9
 
 
+def test_ids_are_counted_against_the_phonemes_given_before():
+    """A tokenizer that drops symbols it does not know (Kokoro's does) loses them without an error; with
+    no vocabulary to check the symbols against, the count is what shows it."""
+    c = StageChecker()
+    c.phonemes("HH AH0 L OW1 W ER1 L D".split())
+    assert c.ids([0, 2, 3, 4, 5, 6, 7, 4, 8, 0]) == []             # 8 phonemes + 2 pads
+    lost = c.ids([0, 2, 3, 0])                                      # 6 of 8 symbols lost
+    assert checks(lost) == [("ids", "count_mismatch", "warning")]
+    assert lost[0].figures == {"ids": 4, "phonemes": 8}
+    assert c.ids([0, 2, 3, 0], expected_count=4) == []              # an explicit count wins
+
+
 def test_vocab_larger_than_embedding_is_a_mismatch():
     c = StageChecker(vocab=KOKORO_VOCAB, embedding_size=100)
     assert ("ids", "vocab_mismatch", "error") in checks(c.ids([0, 50, 83, 0]))

@@ -160,7 +160,10 @@ class StageChecker:
     def ids(self, ids: Any, *, expected_count: int | None = None) -> list[StageFinding]:
         """Stage 2: token ids; outside the vocabulary, vocabulary/embedding mismatch, `<unk>` ids.
 
-        `expected_count` (ids expected for the phonemes, pads included) flags symbols lost on the way."""
+        `expected_count` (ids expected for the phonemes; default: the number of phoneme symbols given to
+        `phonemes()`, give or take two pad ids) flags symbols lost on the way."""
+        if expected_count is None:
+            expected_count = self._symbols
         return self._add("ids", checks.check_ids(ids, vocab=self.vocab, embedding_size=self.embedding_size,
                                                   unk_id=self.unk_id, expected_count=expected_count))
 
