@@ -26,9 +26,13 @@ def test_taps_of_a_shared_module_line_up_with_the_program_outputs():
     ep, info = export_tapped(model, (x,))
     with torch.no_grad():
         outs = ep.module()(x)
-    assert len(outs) == info.n_outputs + len(info.names)
     assert info.names == ("a.0", "a.1", "a", "b.0", "a.1@1", "b", "<root>")
-    taps = dict(zip(info.names, outs[info.n_outputs:]))
+    # one output per tensor: the model's (also a.1@1, b and the root), a.0, a.1 (also a), b.0
+    assert len(outs) == info.n_program_outputs == 4
+    records = info.records()
+    assert [name for _, name, _, _ in records] == list(info.names)   # execution order, every name once
+    taps = {name: outs[i] for i, name, _, _ in records}
+    assert taps["a"] is taps["a.1"] and taps["b"] is taps["a.1@1"] is taps["<root>"]
     with torch.no_grad():
         h = model.a[0](x)
         assert torch.equal(taps["a.1"], torch.nn.functional.leaky_relu(h, 0.2))
@@ -71,7 +75,7 @@ def test_outputs_computed_from_replaced_random_ops_are_tagged_and_not_compared(t
     # the model output does not change; of the taps, only the noise does (not src:0, which the noise
     # reaches in the graph, nor lin or the root)
     replaced = check_equivalent(ep, rewritten, (x,), n_outputs=info.n_outputs)
-    assert [info.output_name(i)[0] for i in replaced] == ["src:1"]
+    assert [name for i, name, _, _ in info.records() if i in replaced] == ["src:1"]
 
     # a candidate bundle with the port's values, tagged as the adapters tag them
     with torch.no_grad():
@@ -79,11 +83,10 @@ def test_outputs_computed_from_replaced_random_ops_are_tagged_and_not_compared(t
     info = replace(info, replaced=replaced)
     assert info.tags(replaced[0]) == (TAG_RANDOM_REPLACED,) and TapInfo.from_dict(info.to_dict()) == info
     with BundleWriter(tmp_path / "cand") as w:
-        for i, t in enumerate(outs):
-            named = info.output_name(i)
-            if named is not None:
-                w.add(Record(name=named[0], module=named[1], op="port", order=i, shape=tuple(t.shape),
-                             dtype="float32", stats=compute_stats(t), tags=info.tags(i)), t)
+        for order, (i, name, module, _) in enumerate(info.records()):
+            t = outs[i]
+            w.add(Record(name=name, module=module, op="port", order=order, shape=tuple(t.shape),
+                         dtype="float32", stats=compute_stats(t), tags=info.tags(i)), t)
     ref = capture(model, x, level="module", keep="full", out=tmp_path / "ref")
     report = diff(ref, tmp_path / "cand")
     noise = report.pair("src:1")

@@ -92,8 +92,7 @@ class ExecuTorchAdapter(RuntimeAdapter):
     def _run(self, artifact: PteArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
         values = [_torch(v) for v in (inputs.values() if isinstance(inputs, dict) else inputs)]
         outputs, events = run_pte(artifact, values)
-        outs = [_program_output(artifact.taps, i, t) for i, t in enumerate(outputs)]
-        outs = [o for o in outs if o is not None]
+        outs = _program_outputs(artifact.taps, outputs)
         yield from _merge(events, outs)
 
     def runtime_info(self) -> dict[str, Any]:
@@ -258,13 +257,12 @@ def _common_path(hierarchy: dict[str, dict]) -> str:
     return path.removeprefix("model.") if path != "model" else ""
 
 
-def _program_output(taps: TapInfo, i: int, t: torch.Tensor) -> RuntimeTensor | None:
-    named = taps.output_name(i)
-    if named is None:
-        return None
-    name, module, consumed = named
-    return RuntimeTensor(runtime_name=f"forward:output[{i}]", module=module, op="executorch.output", value=t,
-                         name=name, inputs=consumed, tags=taps.tags(i))
+def _program_outputs(taps: TapInfo, outputs: list[torch.Tensor]) -> list[RuntimeTensor]:
+    """One record per name the program's outputs hold, in execution order (an output holds several names
+    when modules returned the same tensor)."""
+    return [RuntimeTensor(runtime_name=f"forward:output[{i}]", module=module, op="executorch.output",
+                          value=outputs[i], name=name, inputs=consumed, tags=taps.tags(i))
+            for i, name, module, consumed in taps.records() if i < len(outputs)]
 
 
 def _buffer_size(ep: Any) -> int:

@@ -23,7 +23,9 @@ rewritten graph in PyTorch.
 
 from __future__ import annotations
 
+import itertools
 import math
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -42,18 +44,21 @@ class TappedModule(torch.nn.Module):
         model: the wrapped module.
         include: a predicate on module paths ("" is the root) deciding which modules are tapped.
 
-    Call it (eagerly, or under `torch.export`) inside `with tapped.hooked():`. After an eager call,
-    `tap_names` holds the record name of each extra output, `tap_inputs` the names of the taps each module
-    consumed, and `n_outputs` the number of model outputs.
+    Call it (eagerly, or under `torch.export`) inside `with tapped.hooked():`. After a call, `tap_names`
+    holds the record name of each tap, `tap_inputs` the names of the taps each module consumed,
+    `tap_slots` the flat output holding each tap's value, and `n_outputs` the number of model outputs.
     """
 
     def __init__(self, model: torch.nn.Module, include: Callable[[str], bool] | None = None):
         super().__init__()
         self.model = model
         self._include = include or (lambda path: True)
-        # Filled by an eager forward: torch.export undoes state changes made while it traces.
-        self._seen: dict[str, Any] = {"names": [], "modules": [], "inputs": [], "n_outputs": 0}
         self._calls: list[_TapCollector] = []  # the forward running now (hooks write to the last one)
+        self._key = _new_key(self)
+
+    @property
+    def _seen(self) -> dict[str, Any]:
+        return _LAST_CALL.get(self._key, {"names": [], "modules": [], "inputs": [], "slots": [], "n_outputs": 0})
 
     @property
     def tap_names(self) -> list[str]:
@@ -66,6 +71,10 @@ class TappedModule(torch.nn.Module):
     @property
     def tap_inputs(self) -> list[tuple[str, ...]]:
         return self._seen["inputs"]
+
+    @property
+    def tap_slots(self) -> list[int]:
+        return self._seen["slots"]
 
     @property
     def n_outputs(self) -> int:
@@ -103,8 +112,34 @@ class TappedModule(torch.nn.Module):
         finally:
             self._calls.pop()
         flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        self._seen.update(names=tap.names, modules=tap.modules, inputs=tap.inputs, n_outputs=len(flat_out))
-        return (*flat_out, *tap.tensors)
+        # Each tensor is one program output, however many modules returned it (an Identity, an eval-mode
+        # Dropout, a Sequential returning its last child's output): XNNPACK refuses a program returning
+        # one value twice. `slots` maps every tap name to the output holding its value.
+        slot_of = {id(t): i for i, t in enumerate(flat_out)}
+        extra: list[torch.Tensor] = []
+        slots = []
+        for t in tap.tensors:
+            if id(t) not in slot_of:  # every tensor here stays alive, so ids are not reused
+                slot_of[id(t)] = len(flat_out) + len(extra)
+                extra.append(t)
+            slots.append(slot_of[id(t)])
+        _LAST_CALL[self._key] = dict(names=tap.names, modules=tap.modules, inputs=tap.inputs, slots=slots,
+                                    n_outputs=len(flat_out))
+        return (*flat_out, *extra)
+
+
+# What the latest call of each wrapper saw, by the wrapper's key. Kept outside the module: torch.export
+# restores a module's attributes after tracing (and may trace a copy: hence a key, not id()), and the names
+# must come from the traced call itself (an eager call can differ in which module outputs are one tensor:
+# eval-mode dropout returns its input eagerly, a new value in the traced graph).
+_LAST_CALL: dict[int, dict[str, Any]] = {}
+_KEYS = itertools.count()
+
+
+def _new_key(owner: Any) -> int:
+    key = next(_KEYS)
+    weakref.finalize(owner, _LAST_CALL.pop, key, None)
+    return key
 
 
 class _TapCollector:
@@ -135,60 +170,75 @@ class _TapCollector:
 
 @dataclass(frozen=True)
 class TapInfo:
-    """What the extra outputs of a tapped program are: names, module paths, consumed taps."""
+    """What the extra outputs of a tapped program are: names, module paths, consumed taps, and which
+    flat output holds each name's value (`slots`; several names share one output when modules return
+    the same tensor)."""
 
     names: tuple[str, ...]
     modules: tuple[str, ...]
     inputs: tuple[tuple[str, ...], ...]
     n_outputs: int
-    replaced: tuple[int, ...] = ()  # flat outputs computed from random ops replaced by zeros
+    replaced: tuple[int, ...] = ()  # flat outputs that random="zeros" changed
+    slots: tuple[int, ...] = ()     # empty: one output per name, after the model's (files of earlier versions)
 
     @classmethod
     def from_module(cls, tapped: TappedModule) -> "TapInfo":
-        return cls(tuple(tapped.tap_names), tuple(tapped.tap_modules), tuple(tapped.tap_inputs), tapped.n_outputs)
+        return cls(tuple(tapped.tap_names), tuple(tapped.tap_modules), tuple(tapped.tap_inputs), tapped.n_outputs,
+                   slots=tuple(tapped.tap_slots))
 
     @classmethod
     def untapped(cls, n_outputs: int) -> "TapInfo":
         return cls((), (), (), n_outputs)
 
+    @property
+    def n_program_outputs(self) -> int:
+        """Flat outputs the program returns."""
+        return max(self.n_outputs, max(self._slots(), default=-1) + 1)
+
+    def _slots(self) -> tuple[int, ...]:
+        return self.slots or tuple(range(self.n_outputs, self.n_outputs + len(self.names)))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"names": list(self.names), "modules": list(self.modules),
-                "inputs": [list(i) for i in self.inputs], "n_outputs": self.n_outputs, "replaced": list(self.replaced)}
+        return {"names": list(self.names), "modules": list(self.modules), "inputs": [list(i) for i in self.inputs],
+                "n_outputs": self.n_outputs, "replaced": list(self.replaced), "slots": list(self._slots())}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TapInfo":
         return cls(tuple(d["names"]), tuple(d["modules"]), tuple(tuple(i) for i in d["inputs"]), int(d["n_outputs"]),
-                   tuple(int(i) for i in d.get("replaced", ())))
+                   tuple(int(i) for i in d.get("replaced", ())), tuple(int(i) for i in d.get("slots", ())))
 
     def tags(self, i: int) -> tuple[str, ...]:
         """Record tags of flat output `i`."""
         return (TAG_RANDOM_REPLACED,) if i in self.replaced else ()
 
-    def output_name(self, i: int) -> tuple[str, str, tuple[str, ...]] | None:
-        """(record name, module path, consumed taps) of flat output `i` of the program; None for a model
-        output that the root module's tap repeats."""
-        if i < self.n_outputs:
-            if ROOT in self.names:
-                return None
-            return (ROOT if self.n_outputs == 1 else f"{ROOT}:{i}"), "", ()
-        k = i - self.n_outputs
-        if k >= len(self.names):
-            return f"output.{i}", "", ()
-        return self.names[k], self.modules[k], self.inputs[k]
+    def records(self) -> list[tuple[int, str, str, tuple[str, ...]]]:
+        """(flat output index, record name, module path, consumed taps) of every record the program's
+        outputs hold, in execution order: the taps as their modules returned, then any model output no
+        tap holds (`<root>`, or `<root>:i` for several)."""
+        out = [(k, n, m, c) for n, m, c, k in zip(self.names, self.modules, self.inputs, self._slots())]
+        held = {k for k, *_ in out}
+        for i in range(self.n_outputs):
+            if i not in held:
+                out.append((i, ROOT if self.n_outputs == 1 else f"{ROOT}:{i}", "", ()))
+        held |= set(range(self.n_outputs))
+        n = self.n_program_outputs
+        return out + [(i, f"output.{i}", "", ()) for i in range(n) if i not in held]
 
 
 def export_tapped(model: torch.nn.Module, inputs: tuple, *, taps: bool = True) -> tuple[Any, TapInfo]:
     """`torch.export` `model` (wrapped in `TappedModule` when `taps`); raises InputError if export fails."""
-    module: torch.nn.Module = TappedModule(model) if taps else _FlatOutputs(model)
+    module: torch.nn.Module = (TappedModule(model) if taps else _FlatOutputs(model)).eval()
     with module.hooked() if taps else nullcontext():
-        with torch.no_grad():
-            module.eval()(*inputs)  # names the outputs: torch.export undoes state changes made while tracing
         try:
             ep = torch.export.export(module, tuple(inputs))
         except Exception as e:  # torch.export raises many types; the message is what the user needs
             raise InputError(f"torch.export could not trace {type(model).__name__}: {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
     info = TapInfo.from_module(module) if taps else TapInfo.untapped(module.n_outputs)
+    traced = len(ep.graph_signature.user_outputs)
+    if traced != info.n_program_outputs:  # the names would land on the wrong outputs
+        raise InputError(f"torch.export traced {type(model).__name__} into {traced} outputs, but its tap names "
+                         f"cover {info.n_program_outputs}: module taps can't be named; retry with taps=False")
     return ep, info
 
 
@@ -196,15 +246,15 @@ class _FlatOutputs(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
-        self._seen = {"n_outputs": 0}
+        self._key = _new_key(self)
 
     @property
     def n_outputs(self) -> int:
-        return self._seen["n_outputs"]
+        return _LAST_CALL.get(self._key, {}).get("n_outputs", 0)
 
     def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
         flat = [t for t in tree_flatten(self.model(*args))[0] if isinstance(t, torch.Tensor)]
-        self._seen["n_outputs"] = len(flat)
+        _LAST_CALL[self._key] = {"n_outputs": len(flat)}
         return tuple(flat)
 
 

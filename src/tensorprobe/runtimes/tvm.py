@@ -170,13 +170,11 @@ def _kernel_recorder(out: list[RuntimeTensor]):
 
 
 def _program_outputs(taps: TapInfo, outs: list[Any]) -> Iterator[RuntimeTensor]:
-    for i, t in enumerate(outs):
-        named = taps.output_name(i)
-        if named is None:
-            continue
-        name, module, consumed = named
-        yield RuntimeTensor(runtime_name=f"main:output[{i}]", module=module, op="tvm.output",
-                            value=t.numpy(), name=name, inputs=consumed, tags=taps.tags(i))
+    values = [t.numpy() for t in outs]
+    for i, name, module, consumed in taps.records():
+        if i < len(values):
+            yield RuntimeTensor(runtime_name=f"main:output[{i}]", module=module, op="tvm.output",
+                                value=values[i], name=name, inputs=consumed, tags=taps.tags(i))
 
 
 def _flatten_tvm(value: Any) -> list[Any]:
