@@ -124,8 +124,8 @@ class RuntimeAdapter:
                     continue
                 t = _to_torch(rt.value)
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
-                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind, call=rt.call, runtime_name=rt.runtime_name,
-                                  inputs=rt.inputs, tags=rt.tags),
+                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind, call=rt.call,
+                                  runtime_name=rt.runtime_name, inputs=rt.inputs, tags=rt.tags),
                            t if keep == "full" else None, copy=rt.borrowed)
                 order += 1
         return writer.bundle()

@@ -180,20 +180,20 @@ def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> It
         arr = outs.get(p.value)
         if arr is None or getattr(arr, "dtype", None) is None or arr.dtype == object:
             continue
-        yield from _tensors_for(p, value=arr, borrowed=True)
+        yield from _tensors_for(p, arr)
         if drop and last[p.value] == i:
             del outs[p.value]   # drop our reference as soon as the record is written
         del arr
 
 
-def _tensors_for(p: ValuePlan, **payload: Any) -> Iterator[RuntimeTensor]:
-    """One RuntimeTensor per record name of a value (one value can be several modules' output), carrying
-    `payload`: the array (`value=`), or statistics computed in the graph (`stats=`, `shape=`, `dtype=`)."""
+def _tensors_for(p: ValuePlan, value: np.ndarray) -> Iterator[RuntimeTensor]:
+    """One RuntimeTensor per record name of a value (one value can be several modules' output), borrowing
+    `value` from the output buffer."""
     for name in p.names:
         module, call = parse_name(name)
         yield RuntimeTensor(runtime_name=p.value, module=p.module if "/" in name else module, op=p.op, name=name,
                             inputs=p.inputs, tags=p.tags, call=call,
-                            kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, **payload)
+                            kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, value=value, borrowed=True)
 
 
 # ---- export ----------------------------------------------------------------------------------------
