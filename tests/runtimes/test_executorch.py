@@ -53,3 +53,30 @@ def test_saved_pte_is_captured_again_with_names(tmp_path):
     adapter.capture(model, (x,), out=tmp_path / "a", save=str(tmp_path / "m.pte"))
     b = adapter.capture_artifact(tmp_path / "m.pte", (x,), out=tmp_path / "b")
     assert nan_channels(b.numpy("norm")) == [4, 6, 8]
+
+
+class _DropoutBlock(torch.nn.Module):
+    """Kokoro's AdainResBlk1d pattern: one LeakyReLU shared by two calls, an eval-mode Dropout between
+    activation and conv. Tapped, the dropout (a clone in the graph) became a partition returning its own
+    input, which XNNPACK refused ("pass through arguments")."""
+
+    def __init__(self):
+        super().__init__()
+        self.actv = torch.nn.LeakyReLU(0.2)
+        self.dropout = torch.nn.Dropout(0.1)
+        self.conv1 = torch.nn.Conv1d(8, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv1d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv1(self.dropout(self.actv(x)))
+        return self.conv2(self.dropout(self.actv(x)))
+
+
+def test_tapped_dropout_lowers_with_xnnpack_and_matches_pytorch(tmp_path):
+    torch.manual_seed(0)
+    model, x = _DropoutBlock().eval(), torch.randn(1, 8, 32)
+    b = get_runtime("executorch-xnnpack").capture(model, (x,), out=tmp_path / "xnn")
+    ref = capture(model, x, level="module", keep="full", out=tmp_path / "ref")
+    report = diff(ref, b)
+    assert {"dropout", "dropout@1", "actv@1", "conv2"} <= {p.name for p in report.pairs}
+    assert report.passed, report.summary

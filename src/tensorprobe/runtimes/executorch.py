@@ -31,9 +31,10 @@ import torch
 
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
-from ..record import short_op
+from ..record import TAG_RANDOM_REPLACED, short_op
 from .base import RuntimeAdapter, RuntimeTensor
-from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import
+from .exported import (RANDOM_REWRITE, RANDOM_TO_ZEROS_OPS, TapInfo, check_equivalent, export_tapped,
+                       rewrite_for_import)
 
 # Edge ops that only move data: never the "main" op of an instruction.
 _MOVE_OPS = ("view_copy", "permute_copy", "expand_copy", "squeeze_copy", "unsqueeze_copy", "clone", "getitem",
@@ -47,6 +48,7 @@ class PteArtifact:
     etrecord: Path | None
     taps: TapInfo
     debug_buffer_size: int
+    random_zeros: bool = False  # rand/randn were replaced by zeros (random="zeros")
 
 
 class ExecuTorchAdapter(RuntimeAdapter):
@@ -68,17 +70,19 @@ class ExecuTorchAdapter(RuntimeAdapter):
                  backend: str | None = None, save: str | None = None, random: str = "keep") -> PteArtifact:
         backend = backend or self.backend
         ep, info = export_tapped(model.eval(), inputs, taps=taps)
+        random_zeros = False
         if random == "zeros":  # ExecuTorch has no random kernels; allowed only where the output ignores them
             rewritten, counts = rewrite_for_import(ep, random="zeros")
             changed = check_equivalent(ep, rewritten, inputs, n_outputs=info.n_outputs) if counts else ()
             ep, info = rewritten, replace(info, replaced=changed)
+            random_zeros = bool(counts.get(RANDOM_REWRITE[0]))
         elif random != "keep":
             raise InputError(f"unknown random={random!r}; use 'keep' or 'zeros'")
         pte = Path(save) if save else workdir / "model.pte"
         etrecord = pte.with_suffix(".etrecord")
         lower_to_pte(ep, pte, backend=backend, etrecord=etrecord)
         atomic_write_bytes(pte.with_suffix(".taps.json"), json.dumps(info.to_dict()).encode())
-        return PteArtifact(pte, etrecord, info, _buffer_size(ep))
+        return PteArtifact(pte, etrecord, info, _buffer_size(ep), random_zeros)
 
     def _load(self, path: Path, *, debug_buffer_mb: int = 512, **options: Any) -> PteArtifact:
         """Open `model.pte`, with `model.etrecord` and `model.taps.json` beside it when they exist."""
@@ -93,7 +97,7 @@ class ExecuTorchAdapter(RuntimeAdapter):
         values = [_torch(v) for v in (inputs.values() if isinstance(inputs, dict) else inputs)]
         outputs, events = run_pte(artifact, values)
         outs = _program_outputs(artifact.taps, outputs)
-        yield from _merge(events, outs)
+        yield from _merge(events, outs, artifact.random_zeros)
 
     def runtime_info(self) -> dict[str, Any]:
         from executorch import version
@@ -129,6 +133,8 @@ def lower_to_pte(ep: Any, pte: Path, *, backend: str = "portable", etrecord: Pat
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         partitioners = [XnnpackPartitioner()]
+        ep = ep.run_decompositions()  # eval-mode dropout becomes the clone that _drop_clones removes
+        _drop_clones(ep)
     elif backend != "portable":
         raise InputError(f"unknown ExecuTorch backend {backend!r}; use 'portable' or 'xnnpack'")
     try:
@@ -143,6 +149,25 @@ def lower_to_pte(ep: Any, pte: Path, *, backend: str = "portable", etrecord: Pat
     atomic_write_bytes(pte, program.buffer)
     if etrecord is not None:
         program.get_etrecord().save(str(etrecord))
+
+
+def _drop_clones(ep: Any) -> int:
+    """Replace every layout-preserving `clone` of the exported graph by its input (exact: the graph is
+    functional). An eval-mode dropout traces to such a clone; inside an XNNPACK partition it is a no-op,
+    and when its value is a program output (a module tap) the partition returns its own input, which
+    XNNPACK refuses ("pass through arguments": the tapped Kokoro decoder failed to lower that way)."""
+    graph = ep.graph_module.graph
+    dropped = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten.clone.default \
+                and node.kwargs.get("memory_format") in (None, torch.preserve_format):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+            dropped += 1
+    if dropped:
+        graph.lint()
+        ep.graph_module.recompile()
+    return dropped
 
 
 def run_pte(artifact: PteArtifact, inputs: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[Any]]:
@@ -182,7 +207,7 @@ def _events(etdump: Path, debug: Path, etrecord: Path | None) -> list[Any]:
     return out
 
 
-def _event_records(ev: Any, counts: dict[tuple[str, str], int]) -> list[RuntimeTensor]:
+def _event_records(ev: Any, counts: dict[tuple[str, str], int], random_zeros: bool = False) -> list[RuntimeTensor]:
     if ev.delegate_backend_name:  # a delegate call: its outputs, attributed to the modules it covers
         op = f"delegate.{ev.delegate_backend_name}"
         module = _common_path(ev.module_hierarchy or {})
@@ -195,18 +220,20 @@ def _event_records(ev: Any, counts: dict[tuple[str, str], int]) -> list[RuntimeT
     data = [d for d in ev.debug_data if isinstance(d, torch.Tensor)]
     handles = ev.debug_handles if isinstance(ev.debug_handles, (list, tuple)) else [ev.debug_handles]
     runtime_name = f"{ev.name}#{','.join(str(h) for h in handles)}"
+    # the rewritten node keeps its name, so its kernel's record is named after the random op it replaced
+    tags = (TAG_RANDOM_REPLACED,) if random_zeros and _op_base(op) in RANDOM_TO_ZEROS_OPS else ()
     return [RuntimeTensor(runtime_name=runtime_name + (f"[{i}]" if len(data) > 1 else ""), module=module,
-                          op=op or ev.name, value=d, name=base + (f":{i}" if len(data) > 1 else ""))
+                          op=op or ev.name, value=d, name=base + (f":{i}" if len(data) > 1 else ""), tags=tags)
             for i, d in enumerate(data)]
 
 
-def _merge(events: list[Any], outs: list[RuntimeTensor]) -> Iterator[RuntimeTensor]:
+def _merge(events: list[Any], outs: list[RuntimeTensor], random_zeros: bool = False) -> Iterator[RuntimeTensor]:
     """Op records in execution order; each module output right after the first instruction that produced
     an identical tensor (a delegate's output, or a portable kernel's)."""
     pending = list(outs)
     counts: dict[tuple[str, str], int] = {}
     for ev in events:
-        records = _event_records(ev, counts)
+        records = _event_records(ev, counts, random_zeros)
         yield from records
         for rec in records:
             for o in [o for o in pending if _same(o.value, rec.value)]:

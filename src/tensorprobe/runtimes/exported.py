@@ -309,10 +309,7 @@ def _rewrite_random_to_zeros(graph: Any, node: Any) -> bool:
     """`rand`/`randn(_like)` -> `zeros(_like)`. NOT exact in general: applied only on request
     (`random="zeros"`), and `check_equivalent` then proves that the model's output does not depend on it
     (e.g. Kokoro's source module with sine_amp = 0 on unvoiced input multiplies its noise by zero)."""
-    aten = torch.ops.aten
-    table = {aten.rand.default: aten.zeros.default, aten.randn.default: aten.zeros.default,
-             aten.rand_like.default: aten.zeros_like.default, aten.randn_like.default: aten.zeros_like.default}
-    target = table.get(node.target)
+    target = _RANDOM_TO_ZEROS.get(node.target)
     if target is None:
         return False
     node.target = target
@@ -320,6 +317,10 @@ def _rewrite_random_to_zeros(graph: Any, node: Any) -> bool:
     return True
 
 
+_aten = torch.ops.aten
+_RANDOM_TO_ZEROS = {_aten.rand.default: _aten.zeros.default, _aten.randn.default: _aten.zeros.default,
+                    _aten.rand_like.default: _aten.zeros_like.default, _aten.randn_like.default: _aten.zeros_like.default}
+RANDOM_TO_ZEROS_OPS = frozenset(op.__name__.split(".")[0] for op in _RANDOM_TO_ZEROS)  # "randn_like", ...
 REWRITES: dict[str, tuple[Any, Callable[[Any, Any], bool]]] = {
     "mask_assign_to_where": ("index_put", _rewrite_mask_assign),
     "int_clamp_bounds": ("clamp", _rewrite_int_clamp),
