@@ -520,17 +520,15 @@ class _OutputPool:
 
     def arrays(self, specs: dict[str, tuple[tuple[int, ...], np.dtype]]) -> dict[str, np.ndarray]:
         """Arrays of the given shapes and dtypes, 64-byte aligned, valid until the next call."""
-        offsets, end = {}, 0
-        for name, (shape, dtype) in specs.items():
-            offsets[name] = end
-            end += -(-int(np.prod(shape, dtype=np.int64)) * dtype.itemsize // 64) * 64
-        if end > self.allocated:
-            self._buffer = populated_bytes(max(end, min(self.nbytes, 2 * self.allocated))).numpy()
-        out = {}
+        spans, end = {}, 0
         for name, (shape, dtype) in specs.items():
             n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            out[name] = self._buffer[offsets[name]:offsets[name] + n].view(dtype).reshape(shape)
-        return out
+            spans[name] = (end, n)
+            end += -(-n // 64) * 64
+        if end > self.allocated:
+            self._buffer = populated_bytes(max(end, min(self.nbytes, 2 * self.allocated))).numpy()
+        return {name: self._buffer[start:start + n].view(dtype).reshape(shape)
+                for (name, (shape, dtype)), (start, n) in zip(specs.items(), spans.values())}
 
 
 _BINDABLE = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
