@@ -100,6 +100,36 @@ def test_segments_over_one_reused_buffer_give_the_same_records_as_full_tensors(t
         assert compute_stats(full.tensor(b.name)) == b.stats, b.name
 
 
+def test_shapes_computed_in_the_graph_are_inferred_with_data_propagation():
+    """A reshape whose target shape is computed from the input (Shape -> Gather -> Concat, as dynamic-axis
+    exports do) has no shape under plain inference; the estimate falls back to data propagation for it."""
+    from onnx import TensorProto, helper
+
+    from tensorprobe.runtimes.onnxruntime import _inferred_shapes, estimate_bytes
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["rows"], axis=0),
+        helper.make_node("Concat", ["rows", "minus_one"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["flat"]),
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "computed_shape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "c", "t"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+                     helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.zeros((2, 3, 5), np.float32)}
+    sizes, shapes, _ = estimate_bytes(model, feeds)
+    assert shapes["flat"] == shapes["y"] == (2, 15)
+    assert sizes["y"] == 2 * 15 * 4
+    concrete = onnx.ModelProto()
+    concrete.CopyFrom(model)
+    concrete.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5]))
+    assert "y" not in _inferred_shapes(concrete, data_prop=False)[0]  # what made the fallback necessary
+
+
 def test_a_wrong_inferred_shape_falls_back_to_outputs_allocated_by_ort(tiny, tmp_path):
     """Outputs are bound into the buffer with the shapes ONNX shape inference gave; if one is wrong, ORT
     refuses the buffer and the run is made again with ORT allocating every output."""
@@ -125,6 +155,33 @@ def test_a_wrong_inferred_shape_falls_back_to_outputs_allocated_by_ort(tiny, tmp
     pool = _OutputPool(64)  # smaller than one output: it grows rather than fail
     np.testing.assert_array_equal(run_bound(sess, feeds, names, shapes, types, pool)[bound[0]], want[bound[0]])
     assert pool.allocated > 64
+
+
+def test_segments_take_large_weights_from_memory_and_compute_the_same(tmp_path):
+    """A segment carries stubs for its large initializers (no weight bytes to serialize and parse again);
+    ORT gets their data from shared OrtValues, and the outputs are bit-identical to the original model's."""
+    from tensorprobe.runtimes.onnxruntime import SharedInitializers, graph_feeds, make_session, segment_model
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 16))
+    x = (torch.randn(3, 64),)
+    proto = onnx.load(str(export_onnx(model, x, tmp_path / "mlp.onnx")))
+    feeds = graph_feeds(proto, x)
+    outputs = [o for n in proto.graph.node for o in n.output if o]
+    weights = SharedInitializers(proto)
+    big = {i.name for i in proto.graph.initializer if len(i.raw_data) >= SharedInitializers.MIN_BYTES}
+    assert len(big) == 2  # the two weight matrices; the biases stay inline
+    seg, seg_in, seg_out = segment_model(proto, 0, len(proto.graph.node), feeds, set(outputs), {}, 0,
+                                         weights.protos)
+    assert seg.ByteSize() < 4096 < proto.ByteSize() // 8
+    assert set(weights.values_for(seg)) == big
+    got = make_session(seg, initializers=weights.values_for(seg)).run(seg_out, {v: feeds[v] for v in seg_in})
+    whole = onnx.ModelProto()
+    whole.CopyFrom(proto)
+    del whole.graph.output[:]
+    whole.graph.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in seg_out)
+    want = make_session(whole).run(seg_out, feeds)
+    for name, a, b in zip(seg_out, got, want):
+        np.testing.assert_array_equal(a, b, err_msg=name)
 
 
 def test_stats_of_nonfinite_values_are_counted_on_the_whole_value(tmp_path):
