@@ -93,6 +93,7 @@ def op_tensors(*groups: Any) -> list[torch.Tensor]:
 
 
 _BASE_NAMES: dict[Any, str] = {}
+_FULL_NAMES: dict[Any, str] = {}
 
 
 def op_base_name(func: Any) -> str:
@@ -101,6 +102,24 @@ def op_base_name(func: Any) -> str:
     if name is None:
         name = _BASE_NAMES[func] = func._schema.name.split("::")[-1]
     return name
+
+
+def op_full_name(func: Any) -> str:
+    """'aten.rsqrt.default' (cached: `str()` of an op overload costs ~4 µs)."""
+    name = _FULL_NAMES.get(func)
+    if name is None:
+        name = _FULL_NAMES[func] = str(func)
+    return name
+
+
+def module_tensors(value: Any) -> list[torch.Tensor]:
+    """Tensors in a module's inputs or output, at any depth; the common cases (a tensor, a flat tuple of
+    tensors) without torch's pytree, which costs ~10 µs a call."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
 
 
 def user_source_line() -> str | None:
@@ -229,9 +248,10 @@ class _OpMode(TorchDispatchMode):
         if is_rng and self.replay is not None:
             tags += ("replayed",)
         multi = len(flat_out) > 1
+        op = op_full_name(func)
         for i, t in enumerate(flat_out):
-            name = record_name(module, call, str(func), k, output=i if multi else None)
-            rec.record(t, name=name, module=module, op=str(func), kind=KIND_RNG if is_rng else KIND_OUTPUT,
+            name = record_name(module, call, op, k, output=i if multi else None)
+            rec.record(t, name=name, module=module, op=op, kind=KIND_RNG if is_rng else KIND_OUTPUT,
                        call=call, source=source, inputs=inputs, tags=tags)
         return out
 
@@ -462,9 +482,9 @@ class Capture:
             self._modules.exit(path)
             if self.level != "module":
                 return
-            flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+            flat = module_tensors(output)
             rec = self._recorder
-            inputs = rec.input_names(tree_flatten(args)[0])
+            inputs = rec.input_names(module_tensors(args))
             with self._paused():
                 for i, t in enumerate(flat):
                     rec.record(t, name=record_name(path, call, output=i if len(flat) > 1 else None),
