@@ -40,6 +40,28 @@ def test_order_and_shape_within_a_module(make_bundle):
         ("blk/mul.0", "blk/Mul_1", "order"), ("blk/add.0", "blk/Add_7", "order"), ("blk/tanh.0", "blk/Tanh_2", "order")]
 
 
+def test_order_never_pairs_a_random_draw_with_a_computed_value(make_bundle):
+    """A delegate's output (XNNPACK) has the shape of the `randn_like` that starts the module in PyTorch; by
+    order alone it was paired with the draw. It pairs with the computed value it is, the draw with a draw."""
+    x = torch.randn(1, 9, 50)
+    src = {"module": "m_source"}
+    ref = make_bundle([("m_source/randn_like.0", torch.randn(1, 9, 50), {**src, "op": "aten.randn_like.default",
+                                                                       "kind": "rng"}),
+                       ("m_source/mul.0", x, {**src, "op": "aten.mul.Tensor"}),
+                       ("m_source/tanh.0", x.tanh(), {**src, "op": "aten.tanh.default"})])
+    xnnpack = make_bundle([("m_source/delegate.0", x, {**src, "op": "delegate.XnnpackBackend"}),
+                           ("m_source/tanh.0", x.tanh(), {**src, "op": "aten.tanh.default"})])
+    a = align(ref, xnnpack)
+    assert [(p.ref.name, p.cand.name, p.method) for p in a.pairs] == [
+        ("m_source/mul.0", "m_source/delegate.0", "order"), ("m_source/tanh.0", "m_source/tanh.0", "name")]
+    assert [r.name for r in a.ref_only] == ["m_source/randn_like.0"]
+    zeros = make_bundle([("m_source/zeros.0", torch.zeros(1, 9, 50), {**src, "op": "aten.randn_like.default",
+                                                                      "tags": ("random_replaced",)})])
+    assert [(p.ref.name, p.cand.name) for p in align(ref, zeros).pairs] == [("m_source/randn_like.0", "m_source/zeros.0")]
+    dump = make_bundle([("m_source/noise", torch.randn(1, 9, 50), src)])  # a port's dump: its op is unknown
+    assert [(p.ref.name, p.cand.name) for p in align(ref, dump).pairs] == [("m_source/randn_like.0", "m_source/noise")]
+
+
 def test_shape_mismatch_is_a_finding_not_a_crash(make_bundle):
     ref = make_bundle([("a", torch.randn(2, 3)), ("b", torch.randn(3))])
     cand = make_bundle([("a", torch.randn(3, 2)), ("b", torch.randn(3))])
