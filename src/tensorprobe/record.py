@@ -35,6 +35,9 @@ KIND_MODEL_INPUT = "model_input"  # the inputs handed to the model
 # Tag of a runtime's record computed from random ops that the port replaced by zeros (random="zeros"):
 # it differs from the reference by construction, so `diff` does not compare it.
 TAG_RANDOM_REPLACED = "random_replaced"
+# Tag of a runtime's record whose op is hidden (a delegate call's outputs, e.g. XNNPACK): which reference
+# op it corresponds to is unknown, so `diff` pairs it only by name or mapping rule, never by order.
+TAG_OPAQUE = "opaque"
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def record_name(module: str, call: int = 0, op: str | None = None, k: int = 0,
     return name
 
 
-_NAME_RE = re.compile(r"^(?P<module>[^@/:]*)(?:@(?P<call>\d+))?(?:/(?P<op>[^:]+?)\.(?P<k>\d+))?(?::(?P<output>.+))?$")
+NAME_RE = re.compile(r"^(?P<module>[^@/:]*)(?:@(?P<call>\d+))?(?:/(?P<op>[^:]+?)\.(?P<k>\d+))?(?::(?P<output>.+))?$")
 
 
 def parse_name(name: str) -> tuple[str, int]:
@@ -123,7 +126,7 @@ def parse_name(name: str) -> tuple[str, int]:
     >>> parse_name("<root>/Div.0")
     ('', 0)
     """
-    m = _NAME_RE.match(name)
+    m = NAME_RE.match(name)
     if m is None:
         return name, 0
     module = m.group("module")

@@ -41,25 +41,43 @@ def test_order_and_shape_within_a_module(make_bundle):
 
 
 def test_order_never_pairs_a_random_draw_with_a_computed_value(make_bundle):
-    """A delegate's output (XNNPACK) has the shape of the `randn_like` that starts the module in PyTorch; by
-    order alone it was paired with the draw. It pairs with the computed value it is, the draw with a draw."""
+    """A kernel's output has the shape of the `randn_like` that starts the module in PyTorch; by order alone
+    it was paired with the draw (an XNNPACK delegate output was, in the full Kokoro decoder). It pairs with
+    the computed value it is, the draw with a draw."""
     x = torch.randn(1, 9, 50)
     src = {"module": "m_source"}
     ref = make_bundle([("m_source/randn_like.0", torch.randn(1, 9, 50), {**src, "op": "aten.randn_like.default",
                                                                        "kind": "rng"}),
                        ("m_source/mul.0", x, {**src, "op": "aten.mul.Tensor"}),
                        ("m_source/tanh.0", x.tanh(), {**src, "op": "aten.tanh.default"})])
-    xnnpack = make_bundle([("m_source/delegate.0", x, {**src, "op": "delegate.XnnpackBackend"}),
-                           ("m_source/tanh.0", x.tanh(), {**src, "op": "aten.tanh.default"})])
-    a = align(ref, xnnpack)
+    portable = make_bundle([("m_source/mul_out.0", x, {**src, "op": "aten.mul.out"}),
+                            ("m_source/tanh.0", x.tanh(), {**src, "op": "aten.tanh.default"})])
+    a = align(ref, portable)
     assert [(p.ref.name, p.cand.name, p.method) for p in a.pairs] == [
-        ("m_source/mul.0", "m_source/delegate.0", "order"), ("m_source/tanh.0", "m_source/tanh.0", "name")]
+        ("m_source/mul.0", "m_source/mul_out.0", "order"), ("m_source/tanh.0", "m_source/tanh.0", "name")]
     assert [r.name for r in a.ref_only] == ["m_source/randn_like.0"]
+    # a delegate's output: its op is hidden, so it is not paired by order at all
+    xnnpack = make_bundle([("m_source/delegate.0", x, {**src, "op": "delegate.XnnpackBackend", "tags": ("opaque",)})])
+    a = align(ref, xnnpack)
+    assert not a.pairs and [c.name for c in a.cand_only] == ["m_source/delegate.0"]
     zeros = make_bundle([("m_source/zeros.0", torch.zeros(1, 9, 50), {**src, "op": "aten.randn_like.default",
                                                                       "tags": ("random_replaced",)})])
     assert [(p.ref.name, p.cand.name) for p in align(ref, zeros).pairs] == [("m_source/randn_like.0", "m_source/zeros.0")]
     dump = make_bundle([("m_source/noise", torch.randn(1, 9, 50), src)])  # a port's dump: its op is unknown
     assert [(p.ref.name, p.cand.name) for p in align(ref, dump).pairs] == [("m_source/randn_like.0", "m_source/noise")]
+
+
+def test_order_keeps_module_outputs_and_op_outputs_apart(make_bundle):
+    """Against an op-level reference, a runtime's module tap (`enc.norm`, the module's output) has no exact
+    name; by order alone it took the module's first op. It pairs with nothing rather than the wrong op."""
+    x = torch.randn(1, 4, 10)
+    ref = make_bundle([("enc.norm/mul.0", x * 2, {"module": "enc.norm", "op": "aten.mul.Tensor"}),
+                       ("enc.norm/add.0", x * 2 + 1, {"module": "enc.norm", "op": "aten.add.Tensor"})])
+    cand = make_bundle([("enc.norm", x * 2 + 1, {"module": "enc.norm", "op": "executorch.output"}),
+                        ("enc.norm/mul_out.0", x * 2, {"module": "enc.norm", "op": "aten.mul.out"})])
+    a = align(ref, cand)
+    assert [(p.ref.name, p.cand.name) for p in a.pairs] == [("enc.norm/mul.0", "enc.norm/mul_out.0")]
+    assert [c.name for c in a.cand_only] == ["enc.norm"]
 
 
 def test_shape_mismatch_is_a_finding_not_a_crash(make_bundle):

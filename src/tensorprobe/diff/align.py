@@ -8,6 +8,8 @@ Three passes, each over what the previous one left unmatched:
    (`dec\\.gen\\.(.*)=decoder.generator.\\1`): for a port whose dump uses other names;
 3. **order and shape within a module** — in each module present on both sides, the remaining records
    are paired in execution order when their shapes agree (ops of a module called in the same order).
+   A random draw pairs only with a draw, a module output only with a module output, and a record whose
+   op is hidden (tagged opaque: a delegate's outputs) not at all.
 
 Rules format (a `--rules FILE` or repeated `--map`): one rule per line, `PATTERN=REPLACEMENT`, split at
 the *last* `=`; the pattern must match the whole candidate name (Python `re.fullmatch`) and the
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import InputError
-from ..record import KIND_INPUT, KIND_RNG, TAG_RANDOM_REPLACED, Record
+from ..record import KIND_INPUT, KIND_RNG, NAME_RE, TAG_OPAQUE, TAG_RANDOM_REPLACED, Record, module_label
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
 
@@ -155,10 +157,11 @@ def translate_module(module: str, rules: Sequence[Rule]) -> str:
 
 def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
                  matched: dict, used: set[str]) -> None:
-    """Within each module on both sides, pair leftovers in execution order when shapes agree."""
+    """Within each module on both sides, pair leftovers in execution order when shapes agree (records tagged
+    opaque, such as a delegate's outputs, are left out: their op is unknown)."""
     left: dict[tuple[str, int], list[Record]] = {}
     for c in cands:
-        if c.name not in used:
+        if c.name not in used and TAG_OPAQUE not in c.tags:
             left.setdefault((translate_module(c.module, rules), c.call), []).append(c)
     for r in refs:
         if r.name in matched:
@@ -167,7 +170,7 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
         if not queue:
             continue
         for i, c in enumerate(queue):
-            if same_shape(r.shape, c.shape) and _draws_agree(r, c):
+            if same_shape(r.shape, c.shape) and _draws_agree(r, c) and _levels_agree(r, c):
                 matched[r.name] = (c, MATCH_ORDER)
                 used.add(c.name)
                 del queue[: i + 1]  # keep order: later refs only pair with later cands
@@ -190,6 +193,22 @@ def _draws_agree(r: Record, c: Record) -> bool:
     output (the last value of its region) took the place of the `randn_like` that starts Kokoro's source
     module, and was reported as the first divergence."""
     a, b = _is_draw(r), _is_draw(c)
+    return a is None or b is None or a == b
+
+
+def _level(rec: Record) -> str | None:
+    """"module" for a module call's output (`enc.norm1`, `enc.norm1@2:0`), "op" for an op or kernel output
+    (`enc.norm1/mul.0`); None for a name outside that grammar (a port's own names)."""
+    m = NAME_RE.match(rec.name)
+    if m is None or m.group("module") != module_label(rec.module):
+        return None
+    return "op" if m.group("op") else "module"
+
+
+def _levels_agree(r: Record, c: Record) -> bool:
+    """Pairing by order keeps module outputs and op outputs apart: against an op-level reference, an
+    ExecuTorch module tap (`encode.norm1`, the module's output) was paired with the module's first op."""
+    a, b = _level(r), _level(c)
     return a is None or b is None or a == b
 
 

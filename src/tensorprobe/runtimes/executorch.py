@@ -31,7 +31,7 @@ import torch
 
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
-from ..record import TAG_RANDOM_REPLACED, short_op
+from ..record import TAG_OPAQUE, TAG_RANDOM_REPLACED, short_op
 from .base import RuntimeAdapter, RuntimeTensor
 from .exported import (RANDOM_REWRITE, RANDOM_TO_ZEROS_OPS, TapInfo, check_equivalent, export_tapped,
                        rewrite_for_import)
@@ -222,6 +222,8 @@ def _event_records(ev: Any, counts: dict[tuple[str, str], int], random_zeros: bo
     runtime_name = f"{ev.name}#{','.join(str(h) for h in handles)}"
     # the rewritten node keeps its name, so its kernel's record is named after the random op it replaced
     tags = (TAG_RANDOM_REPLACED,) if random_zeros and _op_base(op) in RANDOM_TO_ZEROS_OPS else ()
+    if ev.delegate_backend_name:
+        tags += (TAG_OPAQUE,)
     return [RuntimeTensor(runtime_name=runtime_name + (f"[{i}]" if len(data) > 1 else ""), module=module,
                           op=op or ev.name, value=d, name=base + (f":{i}" if len(data) > 1 else ""), tags=tags)
             for i, d in enumerate(data)]
