@@ -43,7 +43,7 @@ import torch
 
 from . import __version__
 from .errors import BundleError
-from .record import KIND_OUTPUT, Record, dtype_name
+from .record import KIND_OUTPUT, OP_UNKNOWN, Record, dtype_name
 from .stats import compute_stats
 
 FORMAT = "tensorprobe-bundle"
@@ -98,8 +98,9 @@ class BundleWriter:
         inputs: the model inputs (name -> tensor); their shapes, dtypes and SHA-256 are stored.
         shard_bytes: tensor data buffered before a shard is written.
         reuse_buffers: copy tensors into at most three staging buffers that are reused (1 MiB at first,
-            growing to `shard_bytes`), instead of a fresh allocation per tensor. For captures that keep many tensors: on virtual machines a first touch of
-            fresh memory costs more than the copy itself (4 KiB page faults at 0.3-2 GB/s, measured here).
+            growing to `shard_bytes`), instead of a fresh allocation per tensor. For captures that keep many
+            tensors: on virtual machines a first touch of fresh memory costs more than the copy itself
+            (4 KiB page faults at 0.3-2 GB/s, measured here).
 
     Example:
         >>> with BundleWriter("out") as w:                                  # doctest: +SKIP
@@ -690,7 +691,7 @@ def _plain_manifest(path: Path, kind: str) -> dict[str, Any]:
 
 def _records_from_tensors(items: Iterator[tuple[str, torch.Tensor]], shard: str) -> list[Record]:
     return [
-        Record(name=name, module=name, op="tensor", order=i, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
+        Record(name=name, module=name, op=OP_UNKNOWN, order=i, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
                stats=compute_stats(t), kind=KIND_OUTPUT, device="cpu", shard=shard)
         for i, (name, t) in enumerate(items)
     ]

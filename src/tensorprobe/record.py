@@ -38,6 +38,8 @@ TAG_RANDOM_REPLACED = "random_replaced"
 # Tag of a runtime's record whose op is hidden (a delegate call's outputs, e.g. XNNPACK): which reference
 # op it corresponds to is unknown, so `diff` pairs it only by name or mapping rule, never by order.
 TAG_OPAQUE = "opaque"
+# The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
+OP_UNKNOWN = "tensor"
 
 
 @dataclass(frozen=True)

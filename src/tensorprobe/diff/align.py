@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import InputError
-from ..record import KIND_INPUT, KIND_RNG, NAME_RE, TAG_OPAQUE, TAG_RANDOM_REPLACED, Record, module_label
+from ..record import (KIND_INPUT, KIND_RNG, NAME_RE, OP_UNKNOWN, TAG_OPAQUE, TAG_RANDOM_REPLACED, Record,
+                      module_label)
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
 
@@ -177,15 +178,11 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
                 break
 
 
-# The op of a record read from a plain tensor file: nothing is known of what made it.
-_UNKNOWN_OP = "tensor"
-
-
 def _is_draw(rec: Record) -> bool | None:
     """Whether `rec` holds a random draw (or one a runtime replaced by zeros); None when its op is unknown."""
     if rec.kind == KIND_RNG or TAG_RANDOM_REPLACED in rec.tags:
         return True
-    return None if rec.op in ("", _UNKNOWN_OP) else False
+    return None if rec.op in ("", OP_UNKNOWN) else False
 
 
 def _draws_agree(r: Record, c: Record) -> bool:

@@ -413,8 +413,7 @@ class SharedInitializers:
         import onnxruntime as ort
 
         self.protos: dict[str, Any] = {}  # name -> initializer proto to put in a segment (maybe a stub)
-        self._values: dict[str, Any] = {}  # name -> OrtValue holding the data of a stubbed initializer
-        self._arrays: list[np.ndarray] = []  # keeps the OrtValues' memory alive
+        self._values: dict[str, Any] = {}  # name -> OrtValue over the data (it keeps its array alive)
         for init in model.graph.initializer:
             self.protos[init.name] = init
             dtype = _BINDABLE.get(init.data_type)
@@ -429,7 +428,6 @@ class SharedInitializers:
             stub.external_data.add(key="location", value="tensorprobe-in-memory")
             self.protos[init.name] = stub
             self._values[init.name] = ort.OrtValue.ortvalue_from_numpy(arr)
-            self._arrays.append(arr)
 
     def values_for(self, model: Any) -> dict[str, Any]:
         """name -> OrtValue for the stubbed initializers `model` holds."""
