@@ -160,53 +160,47 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
                  matched: dict, used: set[str]) -> None:
     """Within each module on both sides, pair leftovers in execution order when shapes agree (records tagged
     opaque, such as a delegate's outputs, are left out: their op is unknown)."""
-    left: dict[tuple[str, int], list[Record]] = {}
+    left: dict[tuple[str, int], list[tuple[Record, tuple]]] = {}
     for c in cands:
         if c.name not in used and TAG_OPAQUE not in c.tags:
-            left.setdefault((translate_module(c.module, rules), c.call), []).append(c)
+            left.setdefault((translate_module(c.module, rules), c.call), []).append((c, _pairing_class(c)))
     for r in refs:
         if r.name in matched:
             continue
         queue = left.get((r.module, r.call))
         if not queue:
             continue
-        for i, c in enumerate(queue):
-            if same_shape(r.shape, c.shape) and _draws_agree(r, c) and _levels_agree(r, c):
+        r_class = _pairing_class(r)
+        for i, (c, c_class) in enumerate(queue):
+            if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class):
                 matched[r.name] = (c, MATCH_ORDER)
                 used.add(c.name)
                 del queue[: i + 1]  # keep order: later refs only pair with later cands
                 break
 
 
-def _is_draw(rec: Record) -> bool | None:
-    """Whether `rec` holds a random draw (or one a runtime replaced by zeros); None when its op is unknown."""
+def _pairing_class(rec: Record) -> tuple[bool | None, str | None]:
+    """What pairing by order must keep apart, None where unknown:
+
+    - whether the record is a random draw (or one a runtime replaced by zeros): in an XNNPACK capture a
+      delegate's output took the place of the `randn_like` that starts Kokoro's source module, and was
+      reported as the first divergence;
+    - its level, "module" for a module call's output (`enc.norm1`, `enc.norm1@2:0`) or "op" for an op or
+      kernel output (`enc.norm1/mul.0`): against an op-level reference, an ExecuTorch module tap was paired
+      with the module's first op.
+    """
     if rec.kind == KIND_RNG or TAG_RANDOM_REPLACED in rec.tags:
-        return True
-    return None if rec.op in ("", OP_UNKNOWN) else False
-
-
-def _draws_agree(r: Record, c: Record) -> bool:
-    """Pairing by order never puts a random draw against a computed value: in an XNNPACK capture a delegate's
-    output (the last value of its region) took the place of the `randn_like` that starts Kokoro's source
-    module, and was reported as the first divergence."""
-    a, b = _is_draw(r), _is_draw(c)
-    return a is None or b is None or a == b
-
-
-def _level(rec: Record) -> str | None:
-    """"module" for a module call's output (`enc.norm1`, `enc.norm1@2:0`), "op" for an op or kernel output
-    (`enc.norm1/mul.0`); None for a name outside that grammar (a port's own names)."""
+        draw: bool | None = True
+    else:
+        draw = None if rec.op in ("", OP_UNKNOWN) else False
     m = NAME_RE.match(rec.name)
     if m is None or m.group("module") != module_label(rec.module):
-        return None
-    return "op" if m.group("op") else "module"
+        return draw, None  # a name outside the record-name grammar (a port's own names)
+    return draw, "op" if m.group("op") else "module"
 
 
-def _levels_agree(r: Record, c: Record) -> bool:
-    """Pairing by order keeps module outputs and op outputs apart: against an op-level reference, an
-    ExecuTorch module tap (`encode.norm1`, the module's output) was paired with the module's first op."""
-    a, b = _level(r), _level(c)
-    return a is None or b is None or a == b
+def _classes_agree(a: tuple, b: tuple) -> bool:
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
 def same_shape(a: Sequence[int], b: Sequence[int]) -> bool:
