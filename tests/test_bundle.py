@@ -48,8 +48,8 @@ def test_forward_that_raises_leaves_incomplete_readable_bundle(tmp_path):
     b = Bundle.open(tmp_path / "crash")
     assert not b.complete
     assert b.error["type"] == "RuntimeError" and "kernel exploded" in b.error["message"]
-    names = [r.name for r in b]
-    assert names == ["input.0", "a/addmm.0", "b/addmm.0"]
+    names = [r.name for r in b if r.kind not in ("param", "buffer")]
+    assert names == ["input.0", "a/addmm.0", "b/addmm.0"]  # no model output: the forward never returned
     assert b.tensor("b/addmm.0").shape == (2, 4)
 
 

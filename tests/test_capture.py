@@ -22,7 +22,10 @@ class Looped(torch.nn.Module):
 def test_module_level_names_and_call_index():
     b = tp.capture(Looped(), torch.randn(2, 4))
     names = [r.name for r in b]
-    assert names == ["input.0", "step", "step@1", "step@2", "out", "<root>"]
+    # weights first (state-dict names), then the model inputs, the module calls, and the model's own output
+    assert names == ["step.weight", "step.bias", "input.0", "step", "step@1", "step@2", "out", "<root>", "output"]
+    assert [b[n].kind for n in ("step.weight", "input.0", "step", "output")] == ["param", "model_input", "output",
+                                                                                   "model_output"]
     assert [b[n].call for n in ("step", "step@1", "step@2")] == [0, 1, 2]
     assert b["step@2"].module == "step" and b["out"].op == "module:Tanh"
 
@@ -39,7 +42,8 @@ def test_op_level_records_ops_with_module_and_source():
 
 def test_include_exclude():
     b = tp.capture(Looped(), torch.randn(2, 4), include=r"^step")
-    assert [r.name for r in b] == ["input.0", "step", "step@1", "step@2"]
+    # the filter applies to weights as to every record; model inputs and outputs are always kept
+    assert [r.name for r in b] == ["step.weight", "step.bias", "input.0", "step", "step@1", "step@2", "output"]
     b = tp.capture(Looped(), torch.randn(2, 4), exclude=r"step")
     assert "step" not in b and "out" in b
 

@@ -99,3 +99,70 @@ def moments(flat: np.ndarray) -> tuple[float, float, float, float]:
         s, ss, lo, hi = _moments64(flat, flat.view(np.int64))
         kind = np.float64
     return float(s), float(ss), _key_to_float(lo, kind), _key_to_float(hi, kind)
+
+
+# ---- content fingerprint --------------------------------------------------------------------------------
+# Two 32-bit lanes per element (murmur-style finalizers of the word xor a position key), summed per block of
+# FP_BLOCK words, and the block sums folded into two 64-bit lanes in order. Any change of one word changes
+# both lane sums (each finalizer is a bijection); a permutation changes them through the position keys.
+# Everything is computed in 32-bit integers that wrap, cast back after every operation: Numba widens integer
+# arithmetic to 64 bits, which AVX2 cannot vectorize (2.5 GB/s); truncated, LLVM narrows it (5.5 GB/s).
+# `stats.tensor_digest` has the same computation in torch for tensors on other devices.
+FP_BLOCK = 4096
+FP_M1, FP_M2, FP_M3, FP_M4 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F
+FP_SALT = 0x5BD1E995
+FP_FOLD_A, FP_FOLD_B = 0x100000001B3, 0x9E3779B97F4A7C15
+_U = np.uint32
+_M1, _M2, _M4 = _U(FP_M1), _U(FP_M2), _U(FP_M4)
+FP_POSITIONS = (np.arange(FP_BLOCK, dtype=np.uint32) * _U(FP_M3)) ^ _U(FP_SALT)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _fp_block(w, pos):
+    a = _U(0)
+    b = _U(0)
+    for i in range(w.shape[0]):
+        x = _U(_U(w[i] ^ pos[i]) * _M1)
+        x = _U(x ^ _U(x >> _U(15)))
+        y = _U(x * _M2)
+        z = _U(x * _M4)
+        a = _U(a + _U(y ^ _U(y >> _U(13))))
+        b = _U(b + _U(z ^ _U(z >> _U(16))))
+    return a, b
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _fp_sums(w, pos, out):
+    n = w.shape[0]
+    for k in range(out.shape[0]):
+        start = k * FP_BLOCK
+        stop = min(n, start + FP_BLOCK)
+        a, b = _fp_block(w[start:stop], pos[:stop - start])
+        out[k, 0] = a
+        out[k, 1] = b
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def fold_block_sums(sums):
+    """Fold per-block lane sums (uint32, shape (blocks, 2)) into two 64-bit lanes, in block order."""
+    a = np.uint64(0)
+    b = np.uint64(0)
+    for k in range(sums.shape[0]):
+        step = np.uint64(k + 1)
+        a = (a ^ np.uint64(sums[k, 0])) * np.uint64(FP_FOLD_A) + step
+        b = (b ^ np.uint64(sums[k, 1])) * np.uint64(FP_FOLD_B) + step
+    return a, b
+
+
+def fingerprint_words(words: np.ndarray) -> tuple[int, int]:
+    """Two 64-bit lanes fingerprinting a 1-D uint32 array (the data's bytes as little-endian words).
+
+        >>> a = np.arange(10, dtype=np.uint32)
+        >>> fingerprint_words(a) == fingerprint_words(a.copy()), fingerprint_words(a) == fingerprint_words(a[::-1].copy())
+        (True, False)
+    """
+    blocks = -(-words.shape[0] // FP_BLOCK)
+    sums = np.empty((blocks, 2), dtype=np.uint32)
+    _fp_sums(words, FP_POSITIONS, sums)
+    a, b = fold_block_sums(sums)
+    return int(a), int(b)

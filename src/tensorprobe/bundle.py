@@ -170,6 +170,9 @@ class BundleWriter:
         if record.name in self._names:
             record = record.with_(name=self.unique_name(record.name))
         if tensor is not None:
+            if tensor.dtype == torch.complex128:
+                # safetensors has no complex128: stored as its float64 (re, im) pairs, read back by `_TensorSource`
+                tensor = torch.view_as_real(tensor.resolve_conj())
             shard = self._stage_copy(record.name, tensor) if copy and self._staging is not None else None
             if shard is None:
                 if self._stage is not None:
@@ -586,9 +589,12 @@ class _TensorSource:
                 raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
             self._handles[shard] = h
         try:
-            return h.get_tensor(rec.name)
+            t = h.get_tensor(rec.name)
         except Exception as e:
             raise BundleError(f"{self.root / shard}: can't read tensor {rec.name!r} ({e})") from None
+        if rec.dtype == "complex128" and not t.is_complex():
+            t = torch.view_as_complex(t)  # stored as (re, im) pairs: see BundleWriter.add
+        return t
 
     def close(self) -> None:
         self._handles.clear()

@@ -44,10 +44,12 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .bundle import Bundle, BundleWriter, describe_inputs
+from .environment import collect as collect_environment
 from .errors import InputError
-from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_OUTPUT, KIND_RNG, Record, dtype_name, module_label,
-                     record_name)
-from .stats import compute_stats
+from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, WEIGHT_KINDS, Record,
+                     dtype_name, module_label, record_name)
+from .stats import compute_stats, tensor_digest
+from .weights import named_weights
 
 LEVELS = ("module", "op")
 KEEPS = ("stats", "full")
@@ -175,8 +177,8 @@ class _Recorder:
         self.rng_records = 0
 
     def wanted(self, name: str, kind: str) -> bool:
-        if kind in (KIND_RNG, KIND_MODEL_INPUT):
-            return True  # noise and model inputs are always kept: replay and diagnosis need them
+        if kind in _ALWAYS_STORED:
+            return True  # noise and model inputs and outputs are always kept: replay and diagnosis need them
         if self.include is not None and not self.include.search(name):
             return False
         return not (self.exclude is not None and self.exclude.search(name))
@@ -194,18 +196,24 @@ class _Recorder:
                source: str | None = None, inputs: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> None:
         if not self.wanted(name, kind):
             return
+        weight = kind in WEIGHT_KINDS
         rec = Record(
             name=name, module=module, op=op, order=self.order, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
-            stats=compute_stats(t, self.channel_dim), kind=kind, call=call, device=str(t.device), source=source,
-            inputs=inputs, tags=tags,
+            stats=compute_stats(t, self.channel_dim), kind=kind, call=call, device=str(t.device),
+            source=source, inputs=inputs, tags=tags, digest=tensor_digest(t) if weight else None,
         )
-        store = self.keep_full or kind in (KIND_RNG, KIND_MODEL_INPUT)
+        store = self.keep_full or kind in _ALWAYS_STORED
         rec = self.writer.add(rec, t if store else None)
         self.order += 1
         self.rng_records += kind == KIND_RNG
         self.producer[t] = rec.name
         if self.on_record is not None:
             self.on_record(rec)
+
+
+# Kinds whose tensors are stored even at keep="stats": small, and what replay, `nan` and the default `diff`
+# (element-wise comparison of the model's own outputs) need.
+_ALWAYS_STORED = (KIND_RNG, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)
 
 
 class _OpMode(TorchDispatchMode):
@@ -342,7 +350,7 @@ class Capture:
                  include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
                  record_inputs: bool = False, channel_dim: int | None = 1,
                  on_record: Callable[[Record], None] | None = None, model_info: dict | None = None,
-                 shard_bytes: int | None = None, replay_rng: Any = None):
+                 shard_bytes: int | None = None, replay_rng: Any = None, weights: bool = True):
         if level not in LEVELS:
             raise InputError(f"unknown capture level {level!r}; use one of {', '.join(LEVELS)}")
         if keep not in KEEPS:
@@ -355,6 +363,7 @@ class Capture:
         self.include = _compile(include, "include")
         self.exclude = _compile(exclude, "exclude")
         self.record_inputs = record_inputs
+        self.record_weights = weights
         self.channel_dim = channel_dim
         self.on_record = on_record
         self.model_info = {"class": type(model).__name__,
@@ -386,10 +395,22 @@ class Capture:
             weakref.finalize(self.bundle, self._tmpdir.cleanup)
 
     def run(self, *inputs: Any, **kwinputs: Any) -> Any:
-        """Record the model inputs, run the forward, return its output."""
+        """Record the model inputs, run the forward, record and return its output."""
         self._record_model_inputs(inputs, kwinputs)
         with torch.no_grad():
-            return self.model(*inputs, **kwinputs)
+            output = self.model(*inputs, **kwinputs)
+        self.record_outputs(output)
+        return output
+
+    def record_outputs(self, output: Any, name: str = "output") -> None:
+        """Record every tensor in `output` (a tensor, tuple, list, dict, dataclass or `ModelOutput`, nested) as a
+        model output named by its path: `output`, `output.0`, `output.waveform`, `output.0.1`. `run` does this;
+        call it yourself around your own code (`cap.record_outputs(audio)`)."""
+        assert self._writer is not None, "record_outputs is called inside the capture"
+        with self._paused():
+            for path, t in output_tensors(output, name):
+                self._recorder.record(t, name=path, module="", op="output", kind=KIND_MODEL_OUTPUT,
+                                      inputs=self._recorder.input_names([t]))
 
     # ---- internals -------------------------------------------------------------------------------------
     def _open_writer(self, inputs: dict | None) -> None:
@@ -417,8 +438,13 @@ class Capture:
                     self._recorder.record(t, name=f"input.{key}", module="", op="input", kind=KIND_MODEL_INPUT)
 
     def _install(self) -> None:
+        self._writer.set_header(environment=collect_environment([*self.model.parameters(), *self.model.buffers()]))
+        if self.record_weights:
+            self._record_weights()
         for path, module in self.model.named_modules():
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True))
+            # prepend: ops of the module's own pre-hooks (weight_norm computing `weight`) belong to the module
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True,
+                                                                  prepend=True))
             self._handles.append(module.register_forward_hook(self._post_hook(path), always_call=True))
         self._mode = _OpMode(self._recorder, self._modules, all_ops=self.level == "op", replay=self.replay)
         if self.level == "op":
@@ -427,6 +453,14 @@ class Capture:
             self._rng_state = _generator_state()
             self._active = _RngEntryPoints(self._mode)
         self._active.__enter__()
+
+    def _record_weights(self) -> None:
+        """Every parameter, buffer and derived weight (statistics and fingerprint; values with keep="full").
+        Parameter tensors are registered as producers, so op records name the weights they read."""
+        rec = self._recorder
+        for name, module, t, kind, tags in named_weights(self.model):
+            rec.record(t, name=name, module=module, op=kind, kind=kind, tags=tags)
+            rec.producer[t] = name
 
     def _uninstall(self) -> None:
         if self._mode is not None:
@@ -496,7 +530,7 @@ class Capture:
 def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: str = "stats",
             include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
             record_inputs: bool = False, channel_dim: int | None = 1,
-            on_record: Callable[[Record], None] | None = None, replay_rng: Any = None,
+            on_record: Callable[[Record], None] | None = None, replay_rng: Any = None, weights: bool = True,
             **kwinputs: Any) -> Bundle | Capture:
     """Capture every intermediate of `model` into a bundle.
 
@@ -517,6 +551,12 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
         replay_rng: a bundle (or its path, a noise file, an `rng.RngReplay`) whose recorded random tensors
             are fed back in call order instead of fresh draws (see `tensorprobe.rng`); replayed random
             records are tagged "replayed".
+        weights: record every parameter and buffer (statistics and a content fingerprint; values with
+            keep="full") so that `diff` compares the weights before the forward.
+
+    Every tensor the forward returns is recorded as a model output (`output`, `output.0`, `output.wav`)
+    with its values, whatever `keep` is, and the bundle records the numerics environment (device, dtypes,
+    TF32 flags, versions: `tensorprobe.environment`).
 
     Returns:
         The `Bundle` (inputs given), or a `Capture` context manager. A forward that raises leaves a
@@ -529,13 +569,34 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
     """
     cap = Capture(model, level=level, keep=keep, include=include, exclude=exclude, out=out,
                   record_inputs=record_inputs, channel_dim=channel_dim, on_record=on_record,
-                  replay_rng=replay_rng)
+                  replay_rng=replay_rng, weights=weights)
     if not inputs and not kwinputs:
         return cap
     with cap:
         cap.run(*inputs, **kwinputs)
     assert cap.bundle is not None
     return cap.bundle
+
+
+def output_tensors(value: Any, name: str = "output") -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor in a forward's return value, depth first, in order.
+
+        >>> [p for p, _ in output_tensors((torch.zeros(1), {"wav": torch.zeros(2), "n": 3}))]
+        ['output.0', 'output.1.wav']
+    """
+    import dataclasses
+
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, dict):  # transformers' ModelOutput is an OrderedDict of its non-None fields
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (tuple, list)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    else:
+        return []
+    return [pair for key, v in items for pair in output_tensors(v, f"{name}.{key}")]
 
 
 def _generator_state() -> bytes:

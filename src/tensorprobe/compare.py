@@ -46,7 +46,7 @@ class CompareResult:
     @property
     def finding(self) -> bool:
         """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not."""
-        return self.first_divergence is not None or (self.cand_nan_escapes and not self.ref_nan.found)
+        return self.diff.verdict == "diverged" or (self.cand_nan_escapes and not self.ref_nan.found)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,7 +108,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
                       rules=rules, progress=None)
         ref_nan, cand_nan = find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand)
         escapes = cand_nan.found and find_nonfinite_in_bundle(module_view(cand)).found
-        first = report.first_divergence
+        first = report.first_divergence if report.verdict == "diverged" else None
         notes = _notes(ref, cand, report, cand_nan, escapes)
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
@@ -135,16 +135,12 @@ def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin,
                         if cand_nan.output and cand_nan.output.stats.channel_pattern() else "") + ".")
     elif ref_nan.found:
         parts.append(f"PyTorch itself produces non-finite values, first at {ref_nan.record}.")
-    if report.first_divergence:
-        p = next(x for x in report.pairs if x.name == report.first_divergence)
-        snr = p.metrics.get("snr_db")
-        corr = p.metrics.get("pearson")
-        figs = ", ".join(f for f in (f"SNR {snr:.1f} dB" if isinstance(snr, float) else "",
-                                     f"correlation {corr:.5f}" if isinstance(corr, float) else "") if f)
-        parts.append(f"{runtime} diverges from PyTorch first at {report.first_divergence}"
-                     + (f" ({figs})" if figs else "") + f"; {len(report.pairs)} records compared.")
+    if report.verdict == "diverged":
+        parts.append(f"{runtime} diverges from PyTorch. {report.summary}")
+    elif report.verdict == "match":
+        parts.append(f"{runtime} matches PyTorch: {report.summary}")
     else:
-        parts.append(f"{runtime} matches PyTorch on all {len(report.pairs)} compared records.")
+        parts.append(f"{runtime} could not be compared with PyTorch value by value: {report.summary}")
     return " ".join(parts)
 
 

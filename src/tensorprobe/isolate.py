@@ -47,7 +47,7 @@ from torch.utils._pytree import tree_map
 
 from . import isolate_passes as passes
 from .bundle import Bundle
-from .diff.result import Criteria, jfloat
+from .diff.result import DEFAULT_MIN_SNR, Criteria, jfloat
 from .errors import InputError
 
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
@@ -364,7 +364,7 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
     if not isinstance(ref_model, torch.nn.Module):
         raise InputError(f"isolate needs a reference torch.nn.Module, got {type(ref_model).__name__}")
     runner = _runner(cand)
-    criteria = Criteria(atol, rtol, min_corr, min_snr).resolved()
+    criteria = Criteria(atol, rtol, min_corr, min_snr).resolved(DEFAULT_MIN_SNR)
     paths = select_modules(ref_model, modules, depth)
     cand_model = cand if isinstance(cand, torch.nn.Module) else None
     keep = accumulated is not False and (cand_model is not None or accumulated is not True)

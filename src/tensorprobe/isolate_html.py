@@ -63,7 +63,7 @@ def render_isolate_html(report: IsolateReport, *, title: str = "") -> str:
     verdict = "local" if report.found else ("inherited" if report.first_accumulated else "ok")
     words = {"local": "A LAYER IS WRONG ON ITS OWN", "inherited": "ERROR ACCUMULATES, NO LAYER WRONG ALONE",
              "ok": "MATCH"}[verdict]
-    crit = ", ".join(f"{k} = {v:g}" for k, v in report.criteria.to_dict().items() if v is not None)
+    crit = report.criteria.describe()
     return env.from_string(_TEMPLATE).render(
         r=report, title=title, verdict=verdict, verdict_words=words, criteria=crit, cap=int(SNR_CAP),
         plot=_plot(report), snr=_snr, rel=_rel)

@@ -28,7 +28,7 @@ from .bundle import Bundle
 from .capture import _ModuleStack, op_base_name, op_tensors, user_source_line
 from .diagnose import Evidence, diagnose, diagnose_from_stats
 from .errors import InputError
-from .record import KIND_MODEL_INPUT, Record, module_label, record_name
+from .record import KIND_MODEL_INPUT, WEIGHT_KINDS, Record, module_label, record_name
 from .stats import TensorStats, compute_stats
 from .hooks import module_hooks
 
@@ -285,6 +285,12 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
                              output=TensorSummary(r.name, r.shape, r.dtype, r.stats),
                              diagnosis=(f"Model input {r.name} is already non-finite "
                                         f"({r.stats.finite_frac:.4%} finite).",), ops_checked=len(records))
+        if r.kind in WEIGHT_KINDS:
+            return NanOrigin(found=True, cause=CAUSE_PARAMETER, record=r.name, module=r.module,
+                             output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=(
+                                 f"{'Parameter' if r.kind == 'param' else 'Buffer'} {r.name} holds {r.stats.nan} NaN "
+                                 f"and {r.stats.posinf + r.stats.neginf} ±Inf values: the checkpoint or training run "
+                                 "is broken (exploding gradients?), not the forward.",), ops_checked=len(records))
         ins = [by_name[n] for n in r.inputs if n in by_name]
         if any(not i.stats.all_finite for i in ins):
             continue  # inherited, not born here

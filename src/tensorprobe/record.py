@@ -31,6 +31,11 @@ KIND_OUTPUT = "output"  # output of a module or an op
 KIND_INPUT = "input"    # an input of a module call (kept for replay / isolate)
 KIND_RNG = "rng"        # output of a random op (randn, rand, dropout, ...)
 KIND_MODEL_INPUT = "model_input"  # the inputs handed to the model
+KIND_MODEL_OUTPUT = "model_output"  # every tensor the model returned, named by its path: output, output.0, output.wav
+KIND_PARAM = "param"    # a parameter (state-dict name), or a weight derived from parameters (tag "derived")
+KIND_BUFFER = "buffer"  # a buffer (state-dict name): running statistics, fixed tables, ...
+# Records that are not made by the forward: they have no place in execution order and pair only by name.
+WEIGHT_KINDS = (KIND_PARAM, KIND_BUFFER)
 
 # Tag of a runtime's record computed from random ops that the port replaced by zeros (random="zeros"):
 # it differs from the reference by construction, so `diff` does not compare it.
@@ -38,6 +43,16 @@ TAG_RANDOM_REPLACED = "random_replaced"
 # Tag of a runtime's record whose op is hidden (a delegate call's outputs, e.g. XNNPACK): which reference
 # op it corresponds to is unknown, so `diff` pairs it only by name or mapping rule, never by order.
 TAG_OPAQUE = "opaque"
+# Tag of a weight computed from other parameters (weight_norm's `weight` from `weight_g` and `weight_v`, a
+# parametrization's value): what a port that folded the parametrization holds under that name.
+TAG_DERIVED = "derived"
+# Tag of a runtime record made by quantized arithmetic (QuantizeLinear/DequantizeLinear, an int8 kernel and the
+# rescale after it): its difference from a float reference is quantization error, expected of an int8 port.
+TAG_QUANTIZED = "quantized"
+# Tag prefix of a runtime record that stands for another value of its graph, followed by that value's runtime
+# name: in a QDQ model the DequantizeLinear after a QuantizeLinear of v is what v's consumers see, so `diff`
+# pairs it with the reference's v.
+TAG_STANDS_FOR = "stands_for:"
 # The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
 OP_UNKNOWN = "tensor"
 
@@ -61,6 +76,7 @@ class Record:
     shard: str | None = None
     runtime_name: str | None = None
     tags: tuple[str, ...] = ()
+    digest: str | None = None    # content fingerprint of the data (`stats.tensor_digest`), weights only
 
     @property
     def has_tensor(self) -> bool:
@@ -84,7 +100,7 @@ class Record:
             kind=str(d.get("kind", KIND_OUTPUT)), call=int(d.get("call", 0)),
             device=str(d.get("device", "cpu")), source=d.get("source"),
             inputs=tuple(d.get("inputs", ())), shard=d.get("shard"),
-            runtime_name=d.get("runtime_name"), tags=tuple(d.get("tags", ())),
+            runtime_name=d.get("runtime_name"), tags=tuple(d.get("tags", ())), digest=d.get("digest"),
         )
 
 

@@ -159,8 +159,9 @@ class RngReplay:
         model: optional; with it the context manager names random ops by module path (match by name),
             without it they are matched by call order only.
         strict: refuse to fall back to call order when a name is not in the recording.
-        cast: convert a recorded tensor to the dtype this run draws (e.g. a float16 candidate replaying
-            float32 noise) instead of refusing it; shapes must still agree.
+        cast: convert a recorded tensor to the dtype this run draws whatever its kind; without it only
+            within a kind (float32 noise for a float16 or float64 run, int64 for int32). Shapes must agree,
+            and the tensor goes to the device this run draws on (a CPU recording replays on CUDA).
     """
 
     def __init__(self, source: Any, *, model: torch.nn.Module | None = None, strict: bool = False,
@@ -228,8 +229,8 @@ class RngReplay:
                              f"tensors, and this run asked for one more ({where}); was it captured from the same "
                              "model and inputs?")
         t = self.tape.loader(entry.name)
-        if self.cast and tuple(t.shape) == tuple(like.shape):
-            t = t.to(like.dtype)
+        if tuple(t.shape) == tuple(like.shape) and (self.cast or _same_kind(t.dtype, like.dtype)):
+            t = t.to(like.dtype)  # float32 noise replayed by a float64, float16 or bfloat16 run
         if tuple(t.shape) != tuple(like.shape) or t.dtype != like.dtype:
             raise InputError(
                 f"replaying {where}: the recording's next random tensor {entry.name!r} is {_desc(t)} but this run "
@@ -300,6 +301,11 @@ def _written_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 def _sub(name: str | None, i: int, n: int) -> str | None:
     return f"{name}:{i}" if name is not None and n > 1 else name
+
+
+def _same_kind(a: torch.dtype, b: torch.dtype) -> bool:
+    return (a.is_floating_point == b.is_floating_point and a.is_complex == b.is_complex
+            and (a == torch.bool) == (b == torch.bool))
 
 
 def _desc(t: torch.Tensor) -> str:

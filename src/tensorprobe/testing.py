@@ -18,7 +18,9 @@ __tracebackhide__ = True  # pytest: show the caller's line, not ours
 
 
 def assert_parity(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, **options: Any) -> DiffReport:
-    """Fail (AssertionError) unless every intermediate of `cand` matches `ref`.
+    """Fail (AssertionError) unless every intermediate of `cand` matches `ref`: the diff's verdict is
+    "match" (values compared, everything within rounding noise or the given criteria). Statistics alone
+    never assert parity.
 
     Args:
         ref, cand: bundles or their paths.
@@ -35,6 +37,10 @@ def assert_parity(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathL
     report = diff(ref, cand, **options)
     if report.passed:
         return report
+    if report.verdict in ("consistent", "nothing_compared"):
+        raise AssertionError(f"parity of {report.cand} with {report.ref} can't be asserted: nothing was compared "
+                             f"element-wise ({report.summary}) Capture both sides with keep='full', or dump the "
+                             "port's tensors.")
     lines = [f"candidate {report.cand} diverges from reference {report.ref}:", report.summary]
     first = report.get(report.first_divergence)
     if first is not None:

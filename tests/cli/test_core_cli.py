@@ -77,7 +77,8 @@ def test_capture_show_and_bundle_nan(target_file, tmp_path):
     assert "records hold NaN/Inf" in out
     code, out, err = run("show", str(tmp_path / "b"), "--nonfinite", "--json")
     doc = json.loads(out)
-    assert code == 0 and [r["name"] for r in doc["records"]] == ["<root>/log.0"]
+    # the op where NaN is born, and the model's output it reaches
+    assert code == 0 and [r["name"] for r in doc["records"]] == ["<root>/log.0", "output"]
     code, out, err = run("nan", str(tmp_path / "b"))
     assert code == 1 and "<root>/log.0" in out
 

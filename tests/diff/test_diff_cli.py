@@ -49,7 +49,7 @@ def test_json_document(pair):
     assert code == 1 and doc["command"] == "diff" and doc["status"] == "finding"
     rep = doc["report"]
     assert rep["verdict"] == "diverged" and rep["first_divergence"] == "dec.conv"
-    assert rep["criteria"]["min_snr"] == 60.0
+    assert rep["criteria"]["rule"] == "noise" and rep["criteria"]["min_snr"] is None
     p = {q["name"]: q for q in rep["pairs"]}
     assert p["dec.conv"]["status"] == "fail" and p["dec.conv"]["gain"] == "inf"
     assert set(p["enc"]["metrics"]) >= {"max_abs_err", "mean_abs_err", "max_rel_err", "cosine", "pearson",

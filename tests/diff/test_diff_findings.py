@@ -158,12 +158,15 @@ def test_angles_compared_modulo_2pi_and_flips_explain_the_divergence(tmp_path):
     assert any("branch-cut flips" in n and "explains" in n for n in r.notes)
 
 
-def test_stats_only_bundles_are_reported_not_compared(tmp_path):
+def test_stats_only_bundles_compare_by_statistics_and_outputs_element_wise(tmp_path):
     m = SineModel().eval()
     f0 = torch.full((1, 1, 50), 220.0)
     ref = tp.capture(m, f0, level="module", keep="stats", out=tmp_path / "ref")
     r = diff(ref, ref)
-    assert {p.status for p in r.pairs if p.kind == "output"} == {"no_data"}
+    inner = [p for p in r.pairs if p.kind == "output"]
+    assert inner and {p.method for p in inner} == {"statistics"} and all(p.status == "pass" for p in inner)
+    assert r.get("output").method == "elementwise"  # the model's own output is stored whatever `keep` is
+    assert r.verdict == "match" and r.counts()["statistics"] == len(inner)
 
 
 def test_random_draw_is_not_ranked_as_amplifier(tmp_path):

@@ -88,7 +88,7 @@ def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = Fals
     out.print(f"[{style}]{escape(report.summary())}[/]")
     rows = _rows(report, show_all, context)
     table = Table(show_edge=False, pad_edge=False, title_justify="left",
-                  title=f"{len(report.layers)} module calls; criteria {_criteria(report)}; SNR in dB")
+                  title=f"{len(report.layers)} module calls; criteria {report.criteria.describe()}; SNR in dB")
     table.add_column("layer", overflow="fold", min_width=20)
     for col in ("acc. SNR", "acc. rel", "local SNR", "local rel"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -125,7 +125,3 @@ def _rows(report: IsolateReport, show_all: bool, context: int) -> list[int]:
     keep.update(inherited[:8] + inherited[-2:])
     return sorted(keep)
 
-
-def _criteria(report: IsolateReport) -> str:
-    c = report.criteria.to_dict()
-    return ", ".join(f"{k}={v:g}" for k, v in c.items() if v is not None)

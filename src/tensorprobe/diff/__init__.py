@@ -3,7 +3,11 @@
 - `align`    pair records (exact name, mapping rules, order and shape within a module)
 - `metrics`  the one-pass metrics (a registry of small functions of float64 sums)
 - `core`     `diff()`: compare every pair, streaming
-- `analysis` first divergence, error gain and amplifiers, repeated calls, random ops, summary
+- `compat`   what can be compared with what; what statistics alone prove
+- `noise`    the noise-or-divergence rule (rounding floors) and the causes of a divergence
+- `explain`  op families, the gains their data allow, plain-words explanations of amplifiers
+- `analysis` error gain, causes, first divergence and amplifiers, repeated calls, random ops
+- `summary`  the plain-words paragraph
 - `result`   the findings (`DiffReport`, `PairResult`, ...), frozen dataclasses with `to_dict()`
 """
 

@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import InputError
-from ..record import (KIND_INPUT, KIND_RNG, NAME_RE, OP_UNKNOWN, TAG_OPAQUE, TAG_RANDOM_REPLACED, Record,
-                      module_label)
+from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN, TAG_OPAQUE,
+                      TAG_RANDOM_REPLACED, TAG_STANDS_FOR, WEIGHT_KINDS, Record, module_label)
+from .compat import kinds_agree
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
+MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "position"
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,19 @@ def load_rules(path: str | os.PathLike) -> list[Rule]:
     return rules
 
 
-def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] = ()) -> Alignment:
-    """Pair records by exact name, then `rules`, then order and shape within a module.
+def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] = (), *,
+          runtime_names: bool | None = None) -> Alignment:
+    """Pair records: each class with its own kind (weights with weights, model inputs with model inputs,
+    model outputs with model outputs, the forward's records with the forward's), by exact name, then
+    `rules`, then as the class allows: weights by identical content, model inputs and outputs by position,
+    forward records by order and shape within a module.
 
     Module-input records (kind "input") are left out: they repeat the outputs that feed them.
+
+    Args:
+        runtime_names: pair forward records by the runtime's own value name first (ONNX value names survive
+            quantization and float16 conversion, while op counts shift). None: when both sides come from
+            the same runtime and share most value names.
 
     Example:
         >>> a = align(ref_bundle, cand_bundle, [parse_rule(r"dec\\.(.*)=decoder.\\1")])  # doctest: +SKIP
@@ -117,19 +128,104 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
     """
     refs = [r for r in ref if r.kind != KIND_INPUT]
     cands = [c for c in cand if c.kind != KIND_INPUT]
-    by_ref = {r.name: r for r in refs}
     matched: dict[str, tuple[Record, str]] = {}     # ref name -> (cand record, method)
     used: set[str] = set()
-    for c in cands:
-        if c.name in by_ref and c.name not in matched:
-            matched[c.name] = (c, MATCH_NAME)
-            used.add(c.name)
-    _match_rules(cands, by_ref, rules, matched, used)
-    _match_order(refs, cands, rules, matched, used)
+    for cls in (_WEIGHTS, _INPUTS, _OUTPUTS, _FORWARD):
+        r_cls = [r for r in refs if _class(r) == cls]
+        c_cls = [c for c in cands if _class(c) == cls]
+        if not r_cls or not c_cls:
+            continue
+        by_ref = {r.name: r for r in r_cls}
+        if cls == _FORWARD and (runtime_names if runtime_names is not None else _share_runtime_names(r_cls, c_cls)):
+            _match_runtime_names(r_cls, c_cls, matched, used)
+        for c in c_cls:
+            if c.name in by_ref and c.name not in matched and c.name not in used:
+                matched[c.name] = (c, MATCH_NAME)
+                used.add(c.name)
+        _match_rules(c_cls, by_ref, rules, matched, used)
+        if cls == _WEIGHTS:
+            _match_digest(r_cls, c_cls, matched, used)
+        elif cls in (_INPUTS, _OUTPUTS):
+            _match_position(r_cls, c_cls, matched, used)
+        else:
+            _match_order(r_cls, c_cls, rules, matched, used)
     pairs = tuple(Pair(r, matched[r.name][0], matched[r.name][1]) for r in refs if r.name in matched)
     ref_only = tuple(r for r in refs if r.name not in matched)
     cand_only = tuple(c for c in cands if c.name not in used)
     return Alignment(pairs, ref_only, cand_only)
+
+
+_WEIGHTS, _INPUTS, _OUTPUTS, _FORWARD = "weights", "inputs", "outputs", "forward"
+
+
+def _class(rec: Record) -> str:
+    if rec.kind in WEIGHT_KINDS:
+        return _WEIGHTS
+    if rec.kind == KIND_MODEL_INPUT:
+        return _INPUTS
+    if rec.kind == KIND_MODEL_OUTPUT:
+        return _OUTPUTS
+    return _FORWARD
+
+
+def _share_runtime_names(refs: list[Record], cands: list[Record]) -> bool:
+    """Both sides name their values in one runtime's namespace, and most candidate names exist in the
+    reference: the candidate graph was derived from the reference graph (quantized, converted, optimized)."""
+    r_names = {r.runtime_name for r in refs if r.runtime_name}
+    c_names = [c.runtime_name for c in cands if c.runtime_name]
+    if not r_names or not c_names:
+        return False
+    return sum(n in r_names for n in c_names) >= 0.5 * min(len(r_names), len(c_names))
+
+
+def _match_runtime_names(refs: list[Record], cands: list[Record], matched: dict, used: set[str]) -> None:
+    """Pair by the runtime's value name. A candidate value that stands for another one (the
+    DequantizeLinear after a QuantizeLinear of v, tagged `stands_for:v`) takes v's place."""
+    by_value: dict[str, Record] = {}
+    for c in cands:
+        if c.runtime_name and c.name not in used:
+            by_value.setdefault(c.runtime_name, c)
+    for c in cands:
+        for t in c.tags:
+            if t.startswith(TAG_STANDS_FOR):
+                by_value[t[len(TAG_STANDS_FOR):]] = c
+    for r in refs:
+        if r.name in matched or not r.runtime_name:
+            continue
+        c = by_value.get(r.runtime_name)
+        if c is not None and c.name not in used and same_shape(r.shape, c.shape):
+            matched[r.name] = (c, MATCH_RUNTIME)
+            used.add(c.name)
+
+
+def _match_digest(refs: list[Record], cands: list[Record], matched: dict, used: set[str]) -> None:
+    """Weights stored under another name (an exporter's `val_12`, a renamed module) with identical content."""
+    by_digest: dict[tuple, Record] = {}
+    for c in cands:
+        if c.name not in used and c.digest:
+            by_digest.setdefault((c.digest, tuple(c.shape), c.dtype), c)
+    for r in refs:
+        if r.name in matched or not r.digest:
+            continue
+        c = by_digest.pop((r.digest, tuple(r.shape), r.dtype), None)
+        if c is not None and c.name not in used:
+            matched[r.name] = (c, MATCH_DIGEST)
+            used.add(c.name)
+
+
+def _match_position(refs: list[Record], cands: list[Record], matched: dict, used: set[str]) -> None:
+    """Model inputs and outputs left over pair by position among their own kind (PyTorch's `input.0` with
+    an ONNX graph's first input `input.asr`)."""
+    r_left = [r for r in sorted(refs, key=lambda r: r.order) if r.name not in matched]
+    c_left = [c for c in sorted(cands, key=lambda c: c.order) if c.name not in used]
+    r_pos = {r.name: i for i, r in enumerate(sorted(refs, key=lambda r: r.order))}
+    c_pos = {c.name: i for i, c in enumerate(sorted(cands, key=lambda c: c.order))}
+    by_pos = {c_pos[c.name]: c for c in c_left}
+    for r in r_left:
+        c = by_pos.get(r_pos[r.name])
+        if c is not None:
+            matched[r.name] = (c, MATCH_POSITION)
+            used.add(c.name)
 
 
 def _match_rules(cands: list[Record], by_ref: dict[str, Record], rules: Sequence[Rule],
@@ -172,7 +268,7 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
             continue
         r_class = _pairing_class(r)
         for i, (c, c_class) in enumerate(queue):
-            if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class):
+            if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class) and kinds_agree(r, c):
                 matched[r.name] = (c, MATCH_ORDER)
                 used.add(c.name)
                 del queue[: i + 1]  # keep order: later refs only pair with later cands
@@ -206,3 +302,28 @@ def _classes_agree(a: tuple, b: tuple) -> bool:
 def same_shape(a: Sequence[int], b: Sequence[int]) -> bool:
     """Equal shapes, or equal once size-1 dimensions are dropped ((1, 80, 100) vs (80, 100))."""
     return tuple(a) == tuple(b) or tuple(d for d in a if d != 1) == tuple(d for d in b if d != 1)
+
+
+def inconsistent_order_pairs(alignment: Alignment) -> dict[str, str]:
+    """Op-level pairs (by order, or by a name like `lstm/stack.0`) whose records were computed from
+    different things: the candidate's recorded inputs pair with reference records none of which the reference
+    record read. Two runtimes (or two dtypes) that decompose a module differently line up records that mean
+    different things (float64's LSTM decomposed into 6,400 ops against float32's fused `mkldnn_rnn_layer`,
+    where `lstm/stack.0` stacks time steps on one side and layers on the other); those are not comparable.
+
+    Returns: reference name -> reason.
+    """
+    ref_of = {p.cand.name: p.ref.name for p in alignment.pairs}
+    out = {}
+    for p in alignment.pairs:
+        by_order = p.method == MATCH_ORDER
+        op_level = p.method == MATCH_NAME and "/" in p.ref.name and "/" in p.cand.name
+        if not (by_order or op_level) or not p.ref.inputs:
+            continue
+        mapped = [ref_of[i] for i in p.cand.inputs if i in ref_of]
+        if mapped and not set(mapped) & set(p.ref.inputs):
+            how = "order" if by_order else "name"
+            out[p.ref.name] = (f"not comparable: paired by {how}, but computed from different records "
+                               f"({', '.join(mapped[:2])} against {', '.join(p.ref.inputs[:2])}): the two sides "
+                               f"decompose {module_label(p.ref.module)} differently")
+    return out

@@ -1,12 +1,17 @@
-"""What the per-pair results mean together: first divergence, error gain, repeated calls, random ops.
+"""What the per-pair results mean together: error gain, causes, first divergence, amplifiers, calls.
 
 Error gain of a record = its relative L2 error over the largest relative error of its inputs (the
-records it consumed, from `Record.inputs`, the op graph). Gain ≫ 1 marks an amplifier (a `sin` of a
-large accumulated phase, an `exp`); an infinite gain (exact inputs, wrong output) marks a record where
-error *enters*. Bundles without an op graph (a port's dump) use the previous record as the input. A record whose graph
-shows no input, or only exact ones, while an earlier record already carries error, takes the latest
-erroneous record as its input: its real input was made outside any captured record (code between the
-modules of a module-level capture).
+records it consumed, from `Record.inputs`, the op graph, weights included; a module-level record also reads
+its module's own weights). Gain ≫ 1 marks an amplifier (a `sin` of a large accumulated phase, an `exp`); an
+infinite gain (exact inputs, wrong output) marks a record where error *enters*. Bundles without an op graph
+(a port's dump) use the previous record as the input. A record whose graph shows no input, or only exact
+ones, while an earlier record already carries error, takes the latest erroneous record as its input: its
+real input was made outside any captured record (code between the modules of a module-level capture).
+
+Each failing record then gets a cause (`noise.CAUSE_*`): its own error, a weight it reads, amplified noise,
+random draws, or inherited from an earlier divergence (`origin`). The first divergence is the first record
+whose error is its own (or comes from a weight); failing that, the first amplifier, then the first random
+draw. The words are in `summary.py`.
 """
 
 from __future__ import annotations
@@ -16,80 +21,297 @@ import re
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..record import KIND_MODEL_INPUT, KIND_OUTPUT, KIND_RNG, Record, module_label
-from .result import Amplifier, CallSeries, Criteria, DiffReport, PairResult
+from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_QUANTIZED,
+                      WEIGHT_KINDS, Record)
+from .explain import explain, predicted_gain
+from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
+                    LOCAL_UNITS, OWN_MARGIN)
+from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_SHAPE, Amplifier,
+                     CallSeries, Criteria, DiffReport, PairResult)
 
 MAX_AMPLIFIERS = 10
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
+INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own
 _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 
 
 def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairResult],
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
-                 notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None) -> DiffReport:
+                 notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None,
+                 environment_notes: Sequence[str] = ()) -> DiffReport:
     """Assemble a `DiffReport` from the compared pairs (in reference execution order)."""
+    from .summary import summarize
+
     results = sorted(results, key=lambda p: p.order)
-    results, graph_note = with_gains(results, ref_records)
+    weights = [p for p in results if p.kind in WEIGHT_KINDS]
+    forward = [p for p in results if p.kind not in WEIGHT_KINDS]
+    by_name = {r.name: r for r in ref_records}
+    forward, graph_note = with_gains(forward, weights, ref_records)
+    forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results))
     notes = list(notes) + ([graph_note] if graph_note else [])
-    first = next((p for p in results if p.failed), None)
-    compared = [p for p in results if p.rel_err is not None]
+    failing = [p for p in forward if p.failed]
+    first = first_divergence(failing)
+    compared = [p for p in forward if p.rel_err is not None]
     worst = max(compared, key=lambda p: p.rel_err, default=None)
     worst = worst if worst is not None and worst.rel_err > 0 else None
-    amps = amplifiers(results, criteria)
-    output = model_output(results)
-    series = call_series(results)
+    amps = amplifiers(forward, criteria, by_name)
+    outputs = tuple(p.name for p in forward if p.kind == KIND_MODEL_OUTPUT)
+    output = model_output(forward)
+    series = call_series(forward)
     rng = rng_note(first, ref_records, ref_bundle, cand_bundle) if first else None
-    notes += angle_notes(results)
+    notes += angle_notes(forward)
     if ref_only and not results:
         notes.append("no record of the candidate lines up with the reference: is it the same model? "
                      "map names with --map PATTERN=REPLACEMENT or --rules FILE")
-    report = DiffReport(ref=ref, cand=cand, criteria=criteria, pairs=tuple(results), ref_only=tuple(ref_only),
+    w_ref_only, ref_only = _split_weights(ref_only, ref_bundle)
+    w_cand_only, cand_only = _split_weights(cand_only, cand_bundle)
+    report = DiffReport(ref=ref, cand=cand, criteria=criteria, pairs=tuple(forward), ref_only=tuple(ref_only),
                         cand_only=tuple(cand_only), first_divergence=first.name if first else None,
                         worst=worst.name if worst else None, amplifiers=tuple(amps),
                         output=output.name if output else None, call_series=tuple(series), rng_note=rng,
-                        notes=tuple(notes), summary="")
+                        notes=tuple(notes), summary="", weights=tuple(weights), weights_ref_only=tuple(w_ref_only),
+                        weights_cand_only=tuple(w_cand_only), outputs=outputs,
+                        first_difference=failing[0].name if failing and first is not failing[0] else None,
+                        environment_notes=tuple(environment_notes),
+                        rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.failed))
     return replace(report, summary=summarize(report))
 
 
-def with_gains(results: list[PairResult], ref_records: Sequence[Record]) -> tuple[list[PairResult], str | None]:
-    """Fill `input_rel_err` and `gain` of every compared pair."""
-    rel = {p.name: p.rel_err for p in results if p.rel_err is not None}
+def _split_weights(names: list[str], bundle: Any) -> tuple[list[str], list[str]]:
+    if bundle is None:
+        return [], list(names)
+    weights = [n for n in names if (r := bundle.get(n)) is not None and r.kind in WEIGHT_KINDS]
+    wset = set(weights)
+    return weights, [n for n in names if n not in wset]
+
+
+def error_of(p: PairResult, passed_on: bool = False) -> float | None:
+    """The relative error a pair is known to have: measured, or (statistics) its proven lower bound. With
+    `passed_on`, what its consumers receive: the raw error of an angle compared modulo 2π (a branch-cut flip
+    is the same angle, but a conv reading the raw phase sees a jump of 2π)."""
+    if passed_on and p.angle is not None and p.angle.flips and p.angle.raw_rel_err is not None:
+        return p.angle.raw_rel_err
+    if p.rel_err is not None:
+        return p.rel_err
+    return p.rel_err_lower if p.method == METHOD_STATS else None
+
+
+def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
+               ref_records: Sequence[Record] = ()) -> tuple[list[PairResult], str | None]:
+    """Fill `input_rel_err`, `input_name` and `gain` of every pair compared by value."""
+    rel = {p.name: error_of(p, passed_on=True) for p in list(weights) + list(results)
+           if error_of(p, passed_on=True) is not None}
     graph = {r.name: r.inputs for r in ref_records}
-    has_graph = any(r.inputs for r in ref_records)
-    out, prev, carrier = [], None, None  # carrier: the latest record with a non-zero error
+    has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
+    own_weights = _module_weights(weights, ref_records)
+    draws = _draws_inside(results)
+    out, prev, carrier = [], None, None  # carrier: the latest (non-random) record with a non-zero error
     for p in results:
-        inputs = graph.get(p.name, ()) if has_graph else ((prev,) if prev else ())
-        known = [rel[i] for i in inputs if i in rel]
-        if p.rel_err and (not known or max(known) == 0) and (carrier or prev):
+        inputs = list(graph.get(p.name, ()) if has_graph else ((prev,) if prev else ()))
+        if p.op.startswith("module:"):
+            inputs += own_weights.get(p.module, []) + draws.get(p.name, [])
+        known = [(rel[i], i) for i in inputs if i in rel]
+        e = error_of(p)
+        if e and (not known or max(known)[0] == 0) and (carrier or prev) and p.kind not in (KIND_RNG, KIND_MODEL_INPUT):
             # No input in the graph, or only exact ones while error is already present upstream: the
             # tensor that carried it was made outside any captured record (module-level capture).
-            known = [rel[carrier or prev]]
-        if p.rel_err is not None:
+            src = carrier or prev
+            known = [(rel[src], src)]
+        if e is not None:
             prev = p.name
-            carrier = p.name if p.rel_err > 0 else carrier
-        if not known or p.rel_err is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT):
+            carrier = p.name if (e > 0 and p.kind != KIND_RNG) else carrier
+        if not known or e is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT):
             # A random draw or a model input consumes nothing: its error is made there, not amplified.
             out.append(p)
             continue
-        rin = max(known)
-        gain = p.rel_err / rin if rin > 0 else (math.inf if p.rel_err > 0 else None)
-        out.append(replace(p, input_rel_err=rin, gain=gain))
+        rin, name = max(known)
+        gain = e / rin if rin > 0 else (math.inf if e > 0 else None)
+        out.append(replace(p, input_rel_err=rin, input_name=name, gain=gain if p.method != METHOD_STATS else None))
     note = None if has_graph or not results else (
         "the reference bundle has no op graph (Record.inputs): error gain uses the previous record as input")
     return out, note
 
 
-def amplifiers(results: list[PairResult], criteria: Criteria) -> list[Amplifier]:
-    """Records with the largest finite error gain whose output error is large enough to matter."""
+def _draws_inside(results: Sequence[PairResult]) -> dict[str, list[str]]:
+    """module-level record -> the random draws made during its module call (a module's output depends on
+    the noise drawn inside it, which a module-level graph does not show). Every output of one call
+    (`m:0`, `m:1`) gets them."""
+    out: dict[str, list[str]] = {}
+    last: dict[str, tuple[int, int, list[str]]] = {}   # module path -> (call, order, draws) of its last record
+    rngs = [p for p in results if p.kind == KIND_RNG]
+    for p in results:
+        if not p.op.startswith("module:"):
+            continue
+        prev = last.get(p.module)
+        if prev is not None and prev[0] == p.call:
+            inside = prev[2]
+        else:
+            lo = prev[1] if prev is not None else -1
+            prefix = f"{p.module}." if p.module else ""
+            inside = [d.name for d in rngs if lo < d.order < p.order
+                      and (d.module == p.module or d.module.startswith(prefix))]
+        if inside:
+            out[p.name] = inside
+        last[p.module] = (p.call, p.order, inside)
+    return out
+
+
+def _module_weights(weights: Sequence[PairResult], ref_records: Sequence[Record]) -> dict[str, list[str]]:
+    """module path -> names of its own (direct) weights, for module-level records."""
+    out: dict[str, list[str]] = {}
+    for w in weights:
+        out.setdefault(w.module, []).append(w.name)
+    return out
+
+
+def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[str, str]:
+    """Reference name -> an unpaired candidate record tagged quantized that the candidate record read (QDQ's
+    quantized copy of a model input has no reference counterpart)."""
+    if cand_bundle is None:
+        return {}
+    paired = {p.cand_name for p in results}
+    out = {}
+    for p in results:
+        c = cand_bundle.get(p.cand_name)
+        for i in (c.inputs if c is not None else ()):
+            ci = cand_bundle.get(i)
+            if ci is not None and i not in paired and TAG_QUANTIZED in ci.tags:
+                out[p.name] = i
+                break
+    return out
+
+
+def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: dict[str, Record],
+             noise_rule: bool = True, quantized: dict[str, str] | None = None) -> list[PairResult]:
+    """Give every failing pair its cause, origin and (for amplifiers) explanation (`noise` module docstring).
+
+    Under the noise rule a pair within its noise floor also fails when its error is its own: more than
+    `OWN_MARGIN` x what its inputs' error (times the gain its op may have) and its own rounding explain. The
+    floor of a deep record under a coarse arithmetic (TF32, float16) is loose; a bug is not."""
+    done: dict[str, PairResult] = {w.name: w for w in weights}
+    out = []
+    for p in results:
+        if noise_rule and not p.failed:
+            p = _own_within_floor(p, done, by_name)
+        p = _classified(p, done, by_name, (quantized or {}).get(p.name))
+        done[p.name] = p
+        out.append(p)
+    return out
+
+
+def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record]) -> PairResult:
+    if p.method != METHOD_ELEMENTWISE or p.rel_err is None or p.input_name is None or not p.rounding:
+        return p
+    rec = by_name.get(p.name)
+    if rec is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT) or done.get(p.input_name) is None:
+        return p
+    ins = [by_name[i] for i in rec.inputs if i in by_name]
+    gain = predicted_gain(rec, ins, _output_index(p.name))
+    e_in = p.input_rel_err or 0.0
+    limit = OWN_MARGIN * max(p.rounding * LOCAL_UNITS, gain * e_in)
+    if p.rel_err <= limit or e_in >= INPUTS_DIFFER:
+        return p
+    words = (f"relative error {p.rel_err:.3g} is its own: its inputs differ by at most {e_in:.2g} and its own "
+             f"rounding is ~{p.rounding:.2g}, which explain at most {limit:.2g} (within the accumulated noise "
+             f"floor {p.floor:.2g}, but not made by rounding)")
+    return replace(p, status=STATUS_FAIL, reasons=p.reasons + (words,))
+
+
+def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record],
+                quantized_input: str | None = None) -> PairResult:
+    if not p.failed:
+        return p
+    if p.status == STATUS_SHAPE or p.kind == KIND_MODEL_INPUT:
+        return replace(p, cause=CAUSE_OWN, origin=p.name)
+    if p.kind == KIND_RNG:
+        return replace(p, cause=CAUSE_RANDOM, origin=p.name)
+    src = done.get(p.input_name) if p.input_name else None
+    if TAG_QUANTIZED in p.tags or quantized_input is not None:
+        if src is None or not src.failed or src.cause == CAUSE_QUANTIZED and TAG_QUANTIZED in p.tags:
+            own_q = TAG_QUANTIZED in p.tags
+            return replace(p, cause=CAUSE_QUANTIZED, origin=p.name if own_q else quantized_input, explanation=(
+                f"the candidate computes {p.cand_name} with quantized arithmetic" if own_q else
+                f"the candidate feeds {p.cand_name} a quantized copy of its input ({quantized_input})")
+                + ": its error is quantization error, expected of an int8 port")
+    e = error_of(p)
+    rec = by_name.get(p.name)
+    ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
+    gain = predicted_gain(rec, ins, _output_index(p.name)) if rec is not None else 2.0
+    e_in = p.input_rel_err or 0.0
+    local = (p.rounding or 0.0) * LOCAL_UNITS
+    # Inputs that already differ by more than INPUTS_DIFFER carry other data: nothing downstream of them can
+    # be told apart from what they bring (a record whose reference is ~0 would otherwise "own" a huge error).
+    if e is None or src is None or (e > OWN_MARGIN * max(local, gain * e_in) and e_in < INPUTS_DIFFER):
+        own = p.method != METHOD_STATS or src is None or not src.failed
+        if own:
+            return replace(p, cause=CAUSE_OWN, origin=p.name)
+    if src.kind in WEIGHT_KINDS and src.failed:
+        return replace(p, cause=CAUSE_WEIGHTS, origin=src.name)
+    if src.angle is not None and src.angle.flips and not src.failed:
+        return replace(p, cause=CAUSE_AMPLIFIED, origin=src.name, explanation=(
+            f"branch-cut flips: {src.angle.flips:,} values of the angle {src.name} lie near ±π and came out on "
+            f"the other side of the cut (a jump of 2π); it matches modulo 2π, but {p.name} uses the raw angle "
+            "(feed the network cos/sin of the phase, or the unwrapped phase, to make it continuous)"))
+    if not src.failed:
+        flips = int(p.metrics.get("mismatches") or 0) if p.method == METHOD_EXACT else None
+        words = explain(rec, ins, p.gain, e_in, e, flips) if rec is not None else None
+        return replace(p, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words)
+    if src.cause == CAUSE_RANDOM:
+        return replace(p, cause=CAUSE_RANDOM, origin=src.origin)
+    return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)
+
+
+def _output_index(name: str) -> int:
+    m = NAME_RE.match(name)
+    out = m.group("output") if m else None
+    return int(out) if out and out.isdigit() else 0
+
+
+def first_divergence(failing: Sequence[PairResult]) -> PairResult | None:
+    """The first failing record whose error is its own or a weight's; else the first amplifier, the first
+    random draw, the first failing record."""
+    for causes in ((CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_QUANTIZED), (CAUSE_AMPLIFIED,), (CAUSE_RANDOM,)):
+        hit = next((p for p in failing if p.cause in causes), None)
+        if hit is not None:
+            return hit
+    return failing[0] if failing else None
+
+
+def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str, Record] | None = None
+               ) -> list[Amplifier]:
+    """Records with the largest finite error gain whose output error matters (beyond the noise floor under
+    the noise rule, else large enough for the criteria), each with an explanation where one applies."""
     floor = criteria.significant_rel_err() / 10
+
+    def matters(p: PairResult) -> bool:
+        if criteria.noise:
+            return p.failed
+        return p.rel_err is not None and p.rel_err >= floor
+
     cands = [p for p in results if p.gain is not None and math.isfinite(p.gain) and p.gain >= MIN_GAIN
-             and p.rel_err is not None and p.rel_err >= floor and p.kind != KIND_MODEL_INPUT]
+             and p.rel_err is not None and matters(p) and p.kind not in (KIND_MODEL_INPUT, KIND_RNG)
+             and p.cause != CAUSE_QUANTIZED and TAG_QUANTIZED not in p.tags
+             and p.method in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST)]
     cands.sort(key=lambda p: p.gain, reverse=True)
-    return [Amplifier(p.name, p.op, p.gain, p.input_rel_err, p.rel_err) for p in cands[:MAX_AMPLIFIERS]]
+    out = []
+    for p in cands[:MAX_AMPLIFIERS]:
+        words = p.explanation
+        if words is None and by_name is not None and p.name in by_name:
+            rec = by_name[p.name]
+            ins = [by_name[i] for i in rec.inputs if i in by_name]
+            flips = int(p.metrics.get("mismatches") or 0) if p.method == METHOD_EXACT else None
+            words = explain(rec, ins, p.gain, p.input_rel_err, p.rel_err, flips)
+        out.append(Amplifier(p.name, p.op, p.gain, p.input_rel_err, p.rel_err, words))
+    return out
 
 
 def model_output(results: list[PairResult]) -> PairResult | None:
-    """The root module's output if it was captured, else the last output record in execution order."""
+    """The model's first own output (a model-output record), else the root module's output, else the last
+    output record in execution order."""
+    outs = [p for p in results if p.kind == KIND_MODEL_OUTPUT]
+    failing = [p for p in outs if p.failed]
+    if outs:
+        return failing[0] if failing else outs[0]
     roots = [p for p in results if p.module == "" and p.op.startswith("module:")]
     if roots:
         return roots[-1]
@@ -172,62 +394,3 @@ def angle_notes(results: list[PairResult]) -> list[str]:
             notes.append(f"{p.name}: {p.angle.flips:,} branch-cut flips (differences of ±2π) in an angle; "
                          f"{verdict}")
     return notes
-
-
-def _fmt_err(p: PairResult) -> str:
-    parts = []
-    snr, corr = p.metric("snr_db"), p.metric("pearson")
-    if snr is not None:
-        parts.append("SNR inf" if snr == math.inf else f"SNR {snr:.1f} dB")
-    if corr is not None:
-        parts.append(f"correlation {corr:.6f}")
-    return ", ".join(parts) or p.status.replace("_", " ")
-
-
-def _gain_words(g: float) -> str:
-    return "x inf" if g == math.inf else f"x{g:,.3g}" if g < 1000 else f"x{g:,.0f}"
-
-
-def summarize(r: DiffReport) -> str:
-    """The plain-words paragraph: verdict, first divergence, strongest amplifier, output, calls, rng."""
-    if not r.pairs:
-        return (f"Nothing compared: no record of the candidate lines up with the reference "
-                f"({len(r.ref_only)} reference-only, {len(r.cand_only)} candidate-only records).")
-    c = r.counts()
-    if r.first_divergence is None and c["no_data"] == c["pairs"]:
-        return (f"Nothing compared: {c['pairs']} records line up by name, but neither side's tensors are in both "
-                "bundles (captured with keep='stats'); capture both with --keep full.")
-    if r.first_divergence is None:
-        head = f"Match: all {c['pairs']} compared records pass"
-        worst = r.get(r.worst)
-        text = head + (f" (worst {worst.name}: {_fmt_err(worst)})." if worst else ".")
-    else:
-        first = r.get(r.first_divergence)
-        why = "; ".join(first.reasons)
-        text = (f"Diverged: {c['failed']} of {c['pairs']} records fail; first divergence at "
-                f"{first.name} ({module_label(first.module)}, {first.op}): {why}.")
-        if first.kind == KIND_MODEL_INPUT:
-            text += " The model inputs already differ: compare the inputs before blaming a layer."
-        amp = r.strongest_amplifier
-        if amp is not None:
-            text += (f" Strongest amplifier: {amp.name} (error gain {_gain_words(amp.gain)}, relative error "
-                     f"{amp.input_rel_err:.2g} -> {amp.output_rel_err:.2g}).")
-        out = r.get(r.output)
-        if out is not None and out.name != first.name:
-            text += (f" The divergence persists to the output {out.name} ({_fmt_err(out)})." if out.failed else
-                     f" The error recovers: the output {out.name} passes ({_fmt_err(out)}).")
-    text += _calls_words(r) + (f" Note: {r.rng_note}." if r.rng_note else "")
-    if r.ref_only or r.cand_only or r.shape_mismatches:
-        text += (f" Unmatched: {len(r.ref_only)} reference-only, {len(r.cand_only)} candidate-only records"
-                 f"{f', {len(r.shape_mismatches)} shape mismatches' if r.shape_mismatches else ''}.")
-    return text
-
-
-def _calls_words(r: DiffReport) -> str:
-    failing = [s for s in r.call_series if s.first_failing_call is not None]
-    if not failing:
-        return ""
-    s = min(failing, key=lambda s: (s.key.count("/"), s.first_failing_call))
-    grow = f", relative error grows {_gain_words(s.growth)} by call {s.calls[-1]}" if s.growth else ""
-    return (f" Repeated calls: {s.key} runs {len(s.calls)} times; error enters at call "
-            f"{s.first_failing_call}{grow}.")

@@ -20,13 +20,18 @@ import re
 from typing import Callable, Mapping, Sequence
 
 from ..bundle import Bundle
+from ..environment import explain as explain_environment
 from ..errors import InputError
-from ..record import TAG_RANDOM_REPLACED, Record, short_op
+from ..record import NAME_RE, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
+from ..stats import TensorStats
 from . import analysis
-from .align import Pair, Rule, align, load_rules, parse_rule, same_shape
+from .align import Pair, Rule, align, inconsistent_order_pairs, load_rules, parse_rule, same_shape
+from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .metrics import Sums, accumulate, evaluate
-from .result import (STATUS_FAIL, STATUS_NO_DATA, STATUS_PASS, STATUS_SHAPE, AngleResult, Criteria,
+from .noise import Noise, Precision, expected_noise, weight_floor
+from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL,
+                     STATUS_NO_DATA, STATUS_NOT_COMPARABLE, STATUS_PASS, STATUS_SHAPE, AngleResult, Criteria,
                      DiffReport, PairResult)
 
 ANGLE_OPS = ("atan2", "angle")
@@ -38,13 +43,15 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
          min_snr: float | None = None, rules: Sequence[str | Rule] | str | os.PathLike | None = None,
          angles: Sequence[str] = (), db: Sequence[str] = (),
          progress: Callable[[str], None] | None = None) -> DiffReport:
-    """Align two bundles and compare every pair; find the first divergence and the strongest amplifier.
+    """Align two bundles and compare every pair: weights first, then the forward; find the first divergence,
+    its cause and the strongest amplifier.
 
     Args:
         ref, cand: bundles (or paths: a bundle directory, a `.safetensors` or `.npz` dump).
         atol, rtol: element-wise tolerance |cand - ref| <= atol + rtol·|ref|.
-        min_corr: minimum Pearson correlation; min_snr: minimum SNR in dB. With no criterion at all,
-            min_snr=60 dB applies.
+        min_corr: minimum Pearson correlation; min_snr: minimum SNR in dB. With no criterion at all, the
+            noise-or-divergence rule decides (`tensorprobe.diff.noise`): differences within each record's
+            rounding-noise floor pass, anything beyond is a divergence.
         rules: name-mapping rules `PATTERN=REPLACEMENT` (candidate name -> reference name), or the path
             of a rules file (format in `tensorprobe.diff.align`).
         angles: regexes (searched in reference names) of records to compare modulo 2π, besides those
@@ -54,73 +61,160 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
         progress: called with each record name as it is compared.
 
     Returns:
-        A `DiffReport`; `report.passed` is False when any pair fails or shapes differ.
+        A `DiffReport`; `report.verdict` is "match", "diverged", "consistent" (statistics only, no
+        divergence found) or "nothing_compared"; `report.passed` only for "match".
 
     Example:
         >>> r = diff("ref", "cand", rules=[r"dec\\.(.*)=decoder.\\1"], angles=[r"phase"])   # doctest: +SKIP
-        >>> r.first_divergence, r.strongest_amplifier.name                                # doctest: +SKIP
+        >>> r.verdict, r.first_divergence, r.get(r.first_divergence).cause                 # doctest: +SKIP
+        ('diverged', 'decode.1.conv1', 'own')
     """
-    criteria = Criteria(atol, rtol, min_corr, min_snr).resolved()
+    criteria = Criteria(atol, rtol, min_corr, min_snr)
     ref_b, cand_b = _open(ref), _open(cand)
     rule_list = _rules(rules)
     angle_res = _compile_all(angles, "--angle")
     db_res = _db_specs(db)
     alignment = align(ref_b.records, cand_b.records, rule_list)
+    inconsistent = inconsistent_order_pairs(alignment)
+    ref_env, cand_env = ref_b.manifest.get("environment"), cand_b.manifest.get("environment")
+    by_name = {r.name: r for r in ref_b.records}
+    cand_of = {p.ref.name: p.cand for p in alignment.pairs}
+    noise = expected_noise(sorted(ref_b.records, key=lambda r: r.order), cand_of, Precision.of(ref_env, cand_env))
     results = []
     for pair in alignment.pairs:
         if progress is not None:
             progress(pair.ref.name)
         results.append(compare_pair(ref_b, cand_b, pair, criteria, _is_angle(pair, angle_res),
-                                    _db_scale(pair.ref.name, db_res)))
+                                    _db_scale(pair.ref.name, db_res), noise=noise.get(pair.ref.name),
+                                    not_comparable=inconsistent.get(pair.ref.name)))
     return analysis.build_report(
         ref=str(ref_b.path), cand=str(cand_b.path), criteria=criteria, results=results,
         ref_records=ref_b.records, ref_only=[r.name for r in alignment.ref_only],
         cand_only=[c.name for c in alignment.cand_only], notes=_bundle_notes(ref_b, cand_b),
-        ref_bundle=ref_b, cand_bundle=cand_b)
+        ref_bundle=ref_b, cand_bundle=cand_b, environment_notes=explain_environment(ref_env, cand_env))
 
 
 def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool = False,
-                 db_scale: str | None = None) -> PairResult:
-    """Compare one aligned pair (loads its two tensors, memory-mapped, and drops them after)."""
+                 db_scale: str | None = None, *, noise: Noise | None = None,
+                 not_comparable: str | None = None) -> PairResult:
+    """Compare one aligned pair: every element when both sides kept the tensor (integers exactly), by
+    content fingerprint for identical weights, else by statistics. Tensors are memory-mapped and dropped.
+    `noise`: what rounding explains here (`noise.expected_noise`), which decides under the noise rule."""
     r, c = pair.ref, pair.cand
+    if r.kind in WEIGHT_KINDS:
+        floor: float | None = weight_floor(r, c)
+        rounding = floor
+    else:
+        floor = noise.floor if noise is not None else None
+        rounding = noise.rounding if noise is not None else None
     base = dict(name=r.name, cand_name=c.name, module=r.module, op=r.op, kind=r.kind, call=r.call,
                 order=r.order, shape=tuple(r.shape), cand_shape=tuple(c.shape), dtype=r.dtype,
                 cand_dtype=c.dtype, match=pair.method, tags=tuple(sorted(set(r.tags) | set(c.tags)
-                                                                        | ({"angle"} if angle else set()))))
+                                                                        | ({"angle"} if angle else set()))),
+                floor=floor, rounding=rounding)
     if TAG_RANDOM_REPLACED in base["tags"]:
         return PairResult(**base, status=STATUS_NO_DATA, reasons=(
             "not compared: computed from random ops the candidate replaced by zeros (random='zeros')",))
+    if not_comparable is not None:
+        return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable,))
     if not same_shape(r.shape, c.shape):
         return PairResult(**base, status=STATUS_SHAPE,
                           reasons=(f"shape {_shape(r.shape)} vs {_shape(c.shape)}",))
-    if not (r.has_tensor and c.has_tensor):
-        side = "reference" if not r.has_tensor else "candidate"
-        # Statistics still prove one thing: a side with NaN/Inf where the other has none diverged.
-        if r.stats.finite_frac != c.stats.finite_frac:
-            return PairResult(**base, status=STATUS_FAIL, reasons=(
-                f"finite fraction {r.stats.finite_frac:.4g} vs {c.stats.finite_frac:.4g} "
-                f"(statistics only: the {side} kept no tensor)",))
-        return PairResult(**base, status=STATUS_NO_DATA,
-                          reasons=(f"{side} kept statistics only (capture with keep='full')",))
+    if not kinds_agree(r, c):
+        return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable_reason(r, c),))
+    if r.has_tensor and c.has_tensor:
+        return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor)
+    if r.kind in WEIGHT_KINDS and r.digest and c.digest and r.digest == c.digest and r.dtype == c.dtype:
+        return PairResult(**base, status=STATUS_PASS, method=METHOD_DIGEST, metrics={"rel_l2_err": 0.0},
+                          reasons=())
+    return _compare_stats(pair, criteria, base, floor)
+
+
+def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool,
+                    db_scale: str | None, base: dict, floor: float | None) -> PairResult:
+    r, c = pair.ref, pair.cand
+    exact = value_kind(r) in (INT, BOOL)
     rt, ct = ref_b.tensor(r.name), cand_b.tensor(c.name)
-    sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r),
-                      atol=(criteria.atol or 0.0) if criteria.elementwise else math.inf,
-                      rtol=criteria.rtol or 0.0, angle=angle)
+    if exact:
+        sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r), atol=0.0, rtol=0.0)
+    else:
+        sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r),
+                          atol=(criteria.atol or 0.0) if criteria.elementwise else math.inf,
+                          rtol=criteria.rtol or 0.0, angle=angle)
     metrics = evaluate(sums)
-    angle_res = _angle_result(sums, metrics, criteria) if angle else None
-    db_res = db_error(rt, ct, db_scale) if db_scale is not None else None
+    angle_res = _angle_result(sums, metrics, criteria, floor) if angle else None
+    db_res = db_error(rt, ct, db_scale) if db_scale is not None and not exact else None
     del rt, ct
-    reasons = judge(metrics, sums, criteria)
+    if exact:
+        mismatches = int(sums.violations)
+        metrics = {**metrics, "mismatches": mismatches}
+        reasons = [f"{mismatches:,} of {sums.n:,} values differ (integers and booleans compare exactly)"] \
+            if mismatches or sums.nonfinite_mismatch else []
+    else:
+        reasons = judge(metrics, sums, criteria, floor)
     return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
-                      metrics=metrics, angle=angle_res, db=db_res)
+                      metrics=metrics, angle=angle_res, db=db_res,
+                      method=METHOD_EXACT if exact else METHOD_ELEMENTWISE)
 
 
-def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria) -> list[str]:
-    """The reasons a pair fails `criteria` (empty list: it passes)."""
+def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | None) -> PairResult:
+    """A side kept statistics only: what they prove (`compat.stats_bounds`), judged like values would be."""
+    r, c = pair.ref, pair.cand
+    b = stats_bounds(r.stats, c.stats)
+    metrics = {"rel_l2_err_lower": b.rel_err_lower, "max_abs_err_lower": b.max_abs_err_lower,
+               "ref_finite_frac": r.stats.finite_frac, "cand_finite_frac": c.stats.finite_frac}
+    reasons = list(b.reasons)
+    if b.values_differ is False:
+        reasons = [x for x in reasons if not x.startswith("integer")]
+    limit = _stats_limit(criteria, floor)
+    if b.rel_err_lower is not None and limit is not None and b.rel_err_lower > limit:
+        reasons.append(f"relative error at least {b.rel_err_lower:.3g} (SNR at most "
+                       f"{_snr(b.rel_err_lower):.1f} dB), proven by the statistics, > {limit:.3g}")
+    if criteria.elementwise and b.max_abs_err_lower is not None:
+        allowed = (criteria.atol or 0.0) + (criteria.rtol or 0.0) * float(r.stats.absmax or 0.0)
+        if b.max_abs_err_lower > allowed:
+            reasons.append(f"max abs error at least {b.max_abs_err_lower:.3g} (statistics) > {allowed:.3g}")
+    if r.kind in WEIGHT_KINDS and r.digest and c.digest and r.digest != c.digest and r.dtype == c.dtype:
+        same = not reasons and (b.rel_err_lower or 0.0) == 0.0 and _same_figures(r.stats, c.stats)
+        reasons.append("values differ (content fingerprints differ)" + (
+            " while every statistic is identical: a transpose or a permutation?" if same else ""))
+    if not (r.has_tensor or c.has_tensor) and not reasons and b.rel_err_lower is None and b.values_differ is None:
+        return PairResult(**base, status=STATUS_NO_DATA, reasons=("no statistics to compare",))
+    return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
+                      metrics=metrics, method=METHOD_STATS)
+
+
+def _stats_limit(criteria: Criteria, floor: float | None) -> float | None:
+    if criteria.noise:
+        return floor
+    if criteria.min_snr is not None:
+        return 10 ** (-criteria.min_snr / 20)
+    return None
+
+
+def _same_figures(a: TensorStats, b: TensorStats) -> bool:
+    return all(getattr(a, f) == getattr(b, f) for f in ("numel", "nan", "posinf", "neginf", "min", "max", "mean", "std"))
+
+
+def _snr(rel: float) -> float:
+    return -20 * math.log10(rel) if rel > 0 else math.inf
+
+
+def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria, floor: float | None = None
+          ) -> list[str]:
+    """The reasons a pair fails `criteria` (empty list: it passes). Under the noise rule (no criterion
+    given) a pair fails when its relative error exceeds `floor`, its rounding-noise floor."""
     reasons = []
     if sums.nonfinite_mismatch:
         reasons.append(f"{int(sums.nonfinite_mismatch):,} elements finite on one side only "
                        f"(finite fraction {metrics['ref_finite_frac']:.6g} vs {metrics['cand_finite_frac']:.6g})")
+    if criteria.noise:
+        rel = metrics.get("rel_l2_err")
+        if floor is not None and rel is not None and rel > floor:
+            snr = metrics.get("snr_db")
+            snr_words = f", SNR {snr:.1f} dB" if isinstance(snr, float) and math.isfinite(snr) else ""
+            reasons.append(f"relative error {rel:.3g}{snr_words} beyond the rounding noise {floor:.2g}")
+        return reasons
     if criteria.elementwise and sums.violations:
         reasons.append(f"{int(sums.violations):,} of {sums.n:,} elements outside atol={criteria.atol or 0:g} "
                        f"+ rtol={criteria.rtol or 0:g}·|ref| (max abs err {metrics['max_abs_err']:.3g})")
@@ -133,16 +227,19 @@ def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria) -
     return reasons
 
 
-def _angle_result(sums: Sums, metrics: Mapping[str, float | None], criteria: Criteria) -> AngleResult:
+def _angle_result(sums: Sums, metrics: Mapping[str, float | None], criteria: Criteria,
+                  floor: float | None = None) -> AngleResult:
     e = sums.energy_ref()
     raw_snr = (math.inf if sums.raw_s_dd == 0 else (10 * math.log10(e / sums.raw_s_dd) if e > 0 else -math.inf)) \
         if sums.n_both else None
     raw_sums = Sums(**{**sums.__dict__, "s_dd": sums.raw_s_dd, "max_abs": sums.raw_max_abs})
-    raw_fails = bool(judge({**metrics, "snr_db": raw_snr, "max_abs_err": sums.raw_max_abs}, raw_sums,
-                           Criteria(min_snr=criteria.min_snr, min_corr=None))) or sums.raw_max_abs > math.pi
-    wrapped_fails = bool(judge(metrics, sums, criteria))
+    raw_rel = math.sqrt(sums.raw_s_dd / e) if e > 0 else (0.0 if sums.raw_s_dd == 0 else math.inf)
+    raw_metrics = {**metrics, "snr_db": raw_snr, "max_abs_err": sums.raw_max_abs, "rel_l2_err": raw_rel}
+    raw_criteria = criteria if criteria.noise else Criteria(min_snr=criteria.min_snr)
+    raw_fails = bool(judge(raw_metrics, raw_sums, raw_criteria, floor)) or sums.raw_max_abs > math.pi
+    wrapped_fails = bool(judge(metrics, sums, criteria, floor))
     flips = int(sums.flips)
-    return AngleResult(flips=flips, raw_max_abs_err=sums.raw_max_abs, raw_snr_db=raw_snr,
+    return AngleResult(flips=flips, raw_max_abs_err=sums.raw_max_abs, raw_snr_db=raw_snr, raw_rel_err=raw_rel,
                        explained=flips > 0 and raw_fails and not wrapped_fails)
 
 

@@ -13,12 +13,18 @@ STATUS_PASS = "pass"
 STATUS_FAIL = "fail"
 STATUS_SHAPE = "shape_mismatch"
 STATUS_NO_DATA = "no_data"
+STATUS_NOT_COMPARABLE = "not_comparable"
+
+# How a pair was compared: every element (floats), exactly (integers, bools), by content fingerprint
+# (weights), or by statistics alone (a side kept no tensor: divergences are proven, a match is not).
+METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST, METHOD_STATS = "elementwise", "exact", "digest", "statistics"
 
 VERDICT_MATCH = "match"
 VERDICT_DIVERGED = "diverged"
+VERDICT_CONSISTENT = "consistent"       # nothing compared element-wise; the statistics show no divergence
 VERDICT_EMPTY = "nothing_compared"
 
-DEFAULT_MIN_SNR = 60.0  # dB: relative L2 error 1e-3, used when no criterion is given
+DEFAULT_MIN_SNR = 60.0  # dB: relative L2 error 1e-3 (isolate's default; diff's default is the noise rule)
 
 
 def jfloat(v: Any) -> Any:
@@ -38,7 +44,7 @@ class Criteria:
 
     atol/rtol: element-wise, |cand - ref| <= atol + rtol·|ref| for every element (as `numpy.allclose`).
     min_corr: minimum Pearson correlation. min_snr: minimum SNR in dB (reference energy over error energy).
-    With none given, `min_snr = 60` dB applies.
+    With none given, `noise` is True: the noise-or-divergence rule of `tensorprobe.diff.noise` decides.
     """
 
     atol: float | None = None
@@ -46,9 +52,16 @@ class Criteria:
     min_corr: float | None = None
     min_snr: float | None = None
 
-    def resolved(self) -> "Criteria":
-        if all(v is None for v in (self.atol, self.rtol, self.min_corr, self.min_snr)):
-            return Criteria(min_snr=DEFAULT_MIN_SNR)
+    @property
+    def noise(self) -> bool:
+        """No threshold given: differences are judged against each record's rounding-noise floor."""
+        return all(v is None for v in (self.atol, self.rtol, self.min_corr, self.min_snr))
+
+    def resolved(self, default_min_snr: float | None = None) -> "Criteria":
+        """These criteria; with none given, `min_snr=default_min_snr` when one is passed (isolate), else
+        unchanged (the noise rule)."""
+        if self.noise and default_min_snr is not None:
+            return Criteria(min_snr=default_min_snr)
         return self
 
     @property
@@ -57,6 +70,8 @@ class Criteria:
 
     def significant_rel_err(self) -> float:
         """A relative L2 error large enough to matter under these criteria (used to rank amplifiers)."""
+        if self.noise:
+            return 0.0  # each record's own noise floor decides
         if self.min_snr is not None:
             return 10 ** (-self.min_snr / 20)
         if self.min_corr is not None:
@@ -64,7 +79,16 @@ class Criteria:
         return max(self.rtol or 0.0, 1e-6)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"atol": self.atol, "rtol": self.rtol, "min_corr": self.min_corr, "min_snr": self.min_snr}
+        return {"atol": self.atol, "rtol": self.rtol, "min_corr": self.min_corr, "min_snr": self.min_snr,
+                "rule": "noise" if self.noise else "thresholds"}
+
+    def describe(self) -> str:
+        """'noise rule' or 'min_snr = 60, atol = 1e-05': how pairs are judged, in words."""
+        if self.noise:
+            return "noise rule (differences within rounding pass)"
+        return ", ".join(f"{k} = {v:g}" for k, v in (("atol", self.atol), ("rtol", self.rtol),
+                                                     ("min_corr", self.min_corr), ("min_snr", self.min_snr))
+                         if v is not None)
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,7 @@ class AngleResult:
     raw_max_abs_err: float     # before wrapping
     raw_snr_db: float | None
     explained: bool            # the raw comparison fails, the modulo-2π one passes: flips explain it
+    raw_rel_err: float | None = None   # relative L2 error before wrapping: what a consumer of the raw angle sees
 
     def to_dict(self) -> dict[str, Any]:
         return _jdict(self.__dict__)
@@ -117,10 +142,17 @@ class PairResult:
     input_rel_err: float | None = None
     gain: float | None = None
     tags: tuple[str, ...] = ()
+    method: str | None = None           # METHOD_*: how the pair was compared (None: it was not)
+    floor: float | None = None          # the relative error rounding explains here (noise rule)
+    rounding: float | None = None       # the part of it this record's own op adds
+    cause: str | None = None            # own, weights, amplified, random, inherited (diverging pairs)
+    origin: str | None = None           # the record where this pair's error entered
+    explanation: str | None = None      # why its op amplifies (diff.explain), or why it is not comparable
+    input_name: str | None = None       # the input whose error `input_rel_err` is
 
     @property
     def passed(self) -> bool:
-        return self.status in (STATUS_PASS, STATUS_NO_DATA)
+        return self.status in (STATUS_PASS, STATUS_NO_DATA, STATUS_NOT_COMPARABLE)
 
     @property
     def failed(self) -> bool:
@@ -131,7 +163,17 @@ class PairResult:
 
     @property
     def rel_err(self) -> float | None:
+        """Relative L2 error, when the values were compared (element-wise or exactly)."""
         return self.metrics.get("rel_l2_err")
+
+    @property
+    def rel_err_lower(self) -> float | None:
+        """The proven lower bound of the relative error, for pairs compared by statistics."""
+        return self.metrics.get("rel_l2_err_lower")
+
+    @property
+    def compared(self) -> bool:
+        return self.method is not None and self.status != STATUS_NOT_COMPARABLE
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -141,7 +183,9 @@ class PairResult:
             "match": self.match, "status": self.status, "reasons": list(self.reasons),
             "metrics": _jdict(self.metrics), "angle": self.angle.to_dict() if self.angle else None,
             "db": self.db.to_dict() if self.db else None, "input_rel_err": jfloat(self.input_rel_err),
-            "gain": jfloat(self.gain), "tags": list(self.tags),
+            "gain": jfloat(self.gain), "tags": list(self.tags), "method": self.method,
+            "floor": jfloat(self.floor), "rounding": jfloat(self.rounding), "cause": self.cause, "origin": self.origin,
+            "explanation": self.explanation, "input_name": self.input_name,
         }
 
 
@@ -154,6 +198,7 @@ class Amplifier:
     gain: float
     input_rel_err: float
     output_rel_err: float
+    explanation: str | None = None     # why (phase accumulation, near-zero division, ...), when known
 
     def to_dict(self) -> dict[str, Any]:
         return _jdict(self.__dict__)
@@ -179,7 +224,11 @@ class CallSeries:
 
 @dataclass(frozen=True)
 class DiffReport:
-    """Everything `tensorprobe.diff` found. `summary` is the plain-words paragraph printed first."""
+    """Everything `tensorprobe.diff` found. `summary` is the plain-words paragraph printed first.
+
+    `pairs` are the forward's records (model inputs and outputs included), in execution order; `weights`
+    the parameter and buffer pairs, compared first. `outputs` names the model's own outputs among `pairs`.
+    """
 
     ref: str
     cand: str
@@ -195,12 +244,33 @@ class DiffReport:
     rng_note: str | None
     notes: tuple[str, ...]
     summary: str
+    weights: tuple[PairResult, ...] = ()
+    weights_ref_only: tuple[str, ...] = ()
+    weights_cand_only: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    first_difference: str | None = None     # first failing record in execution order, when not the divergence
+    environment_notes: tuple[str, ...] = ()
+    rng_differs: tuple[str, ...] = ()       # random draws that differ (not replayed)
 
     @property
     def verdict(self) -> str:
-        if all(p.status == STATUS_NO_DATA for p in self.pairs):  # also when there are no pairs
-            return VERDICT_EMPTY
-        return VERDICT_DIVERGED if any(p.failed for p in self.pairs) else VERDICT_MATCH
+        """match: everything compared agrees (up to rounding, under the noise rule); diverged: something
+        decisive fails; consistent: nothing was compared element-wise and the statistics show no divergence;
+        nothing_compared: no pair could be compared at all."""
+        everything = self.pairs + self.weights
+        if any(self._decisive(p) for p in everything):
+            return VERDICT_DIVERGED
+        methods = {p.method for p in everything if p.compared}
+        if methods - {None, METHOD_STATS}:
+            return VERDICT_MATCH
+        return VERDICT_CONSISTENT if METHOD_STATS in methods else VERDICT_EMPTY
+
+    def _decisive(self, p: PairResult) -> bool:
+        """A failure that makes the run diverge: anything but random draws that differ without reaching
+        the model's outputs (noise multiplied by zero, a dropout mask in eval)."""
+        if not p.failed:
+            return False
+        return p.cause != "random" or p.name in self.outputs or p.name == self.output
 
     @property
     def passed(self) -> bool:
@@ -208,20 +278,31 @@ class DiffReport:
 
     @property
     def shape_mismatches(self) -> tuple[str, ...]:
-        return tuple(p.name for p in self.pairs if p.status == STATUS_SHAPE)
+        return tuple(p.name for p in self.pairs + self.weights if p.status == STATUS_SHAPE)
+
+    @property
+    def not_comparable(self) -> tuple[PairResult, ...]:
+        return tuple(p for p in self.pairs + self.weights if p.status == STATUS_NOT_COMPARABLE)
+
+    @property
+    def weights_differ(self) -> tuple[PairResult, ...]:
+        return tuple(p for p in self.weights if p.failed)
 
     @property
     def strongest_amplifier(self) -> Amplifier | None:
         return self.amplifiers[0] if self.amplifiers else None
 
     def pair(self, name: str) -> PairResult:
-        for p in self.pairs:
-            if p.name == name:
-                return p
-        raise KeyError(name)
+        p = self.get(name)
+        if p is None:
+            raise KeyError(name)
+        return p
 
     def get(self, name: str | None) -> PairResult | None:
-        return next((p for p in self.pairs if p.name == name), None) if name else None
+        if not name:
+            return None
+        return next((p for p in self.pairs if p.name == name), None) or \
+            next((p for p in self.weights if p.name == name), None)
 
     @property
     def output_persists(self) -> bool | None:
@@ -235,19 +316,36 @@ class DiffReport:
         return {
             "ref": self.ref, "cand": self.cand, "verdict": self.verdict, "summary": self.summary,
             "criteria": self.criteria.to_dict(), "first_divergence": self.first_divergence,
-            "worst": self.worst, "output": self.output, "output_persists": self.output_persists,
+            "first_difference": self.first_difference,
+            "worst": self.worst, "output": self.output, "outputs": list(self.outputs),
+            "output_persists": self.output_persists,
             "strongest_amplifier": self.amplifiers[0].to_dict() if self.amplifiers else None,
             "amplifiers": [a.to_dict() for a in self.amplifiers], "rng_note": self.rng_note,
+            "rng_differs": list(self.rng_differs), "environment_notes": list(self.environment_notes),
             "notes": list(self.notes), "counts": self.counts(),
             "ref_only": list(self.ref_only), "cand_only": list(self.cand_only),
             "shape_mismatches": list(self.shape_mismatches),
+            "not_comparable": [{"name": p.name, "dtype": p.dtype, "cand_name": p.cand_name,
+                                "cand_dtype": p.cand_dtype, "reason": "; ".join(p.reasons)} for p in self.not_comparable],
+            "weights_differ": [p.name for p in self.weights_differ],
+            "weights_ref_only": list(self.weights_ref_only), "weights_cand_only": list(self.weights_cand_only),
             "call_series": [c.to_dict() for c in self.call_series],
+            "weights": [p.to_dict() for p in self.weights],
             "pairs": [p.to_dict() for p in self.pairs],
         }
 
     def counts(self) -> dict[str, int]:
+        """How many records were compared, and how: `elementwise` (every value), `exact` (integers and
+        bools), `statistics` (a side kept no tensor), `not_comparable` (values of different kinds), plus the
+        same for the weights (`weights_*`) and the pass/fail tallies of the forward's pairs."""
         c = {"pairs": len(self.pairs), "failed": sum(p.failed for p in self.pairs),
              "ref_only": len(self.ref_only), "cand_only": len(self.cand_only)}
-        for s in (STATUS_PASS, STATUS_FAIL, STATUS_SHAPE, STATUS_NO_DATA):
-            c[s] = sum(p.status == s for p in self.pairs)
+        for st in (STATUS_PASS, STATUS_FAIL, STATUS_SHAPE, STATUS_NO_DATA, STATUS_NOT_COMPARABLE):
+            c[st] = sum(p.status == st for p in self.pairs)
+        for m in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS):
+            c[m] = sum(p.method == m and p.status != STATUS_NOT_COMPARABLE for p in self.pairs)
+        c["weights"] = len(self.weights)
+        c["weights_failed"] = sum(p.failed for p in self.weights)
+        for m in (METHOD_ELEMENTWISE, METHOD_DIGEST, METHOD_STATS):
+            c[f"weights_{m}"] = sum(p.method == m for p in self.weights)
         return c

@@ -31,10 +31,10 @@ import ast
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ..errors import InputError
-from ..record import record_name
+from ..record import TAG_QUANTIZED, TAG_STANDS_FOR, record_name
 
 SCOPE_KEY = "tensorprobe.scope"
 MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples
@@ -42,6 +42,12 @@ ANGLE_OPS = {"Atan"}
 ANGLE_PASS_OPS = {"Where", "Add", "Sub", "Neg", "ScatterND", "ScatterElements", "Identity"}
 RNG_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 SHAPE_OPS = {"Shape", "Size"}
+QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+             "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+             "QLinearAveragePool", "QLinearConcat", "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+             "DynamicQuantizeLSTM", "QAttention"}
+_INTEGER_KERNELS = {"MatMulInteger", "ConvInteger"}
+_RESCALE_OPS = {"Cast", "Mul"}   # the float rescale after an integer kernel (dynamic quantization)
 ANGLE_TARGETS = {"aten.atan2.default", "aten.angle.default"}
 _FX_NODE = re.compile(r"^%(\S+) : .*?target=torch\.ops\.([\w.]+)")
 _PARAM_SUFFIX = re.compile(r"(_quantized|_scale|_zero_point|_zp|_q|_dequantized)+$")
@@ -61,6 +67,7 @@ class ValuePlan:
     node_index: int
     inputs: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()
+    model_output: str | None = None   # the model-output record name of a graph output (`output`, `output.wav`)
 
 
 @dataclass
@@ -340,6 +347,8 @@ class GraphNamer:
         mod_names = self.module_outputs()
         counters: dict[tuple[Chain, str], int] = {}
         primary = {v: self.input_records.get(v, f"input.{v}") for v in self.graph_inputs}
+        primary.update(weight_record_names(self.graph))   # op records name the weights they read
+        model_outputs = model_output_names(self.graph_outputs)
         angle: set[str] = set()
         plans = []
         for i, node in enumerate(self.nodes):
@@ -360,12 +369,23 @@ class GraphNamer:
                 if tags and "angle" in tags:
                     angle.add(o)
                 plans.append(ValuePlan(value=o, names=names, module=path, op=node.op_type, node_index=i,
-                                       inputs=inputs, tags=tags))
+                                       inputs=inputs, tags=tags, model_output=model_outputs.get(o)))
         return plans
+
+    def _rescales_integers(self, node: Any) -> bool:
+        """A Cast or Mul right after MatMulInteger/ConvInteger: the rescale that makes their float output."""
+        return node.op_type in _RESCALE_OPS and any(_integer_source(self, v) for v in node.input if v)
 
     def _tags(self, node: Any, angle: set[str]) -> tuple[str, ...]:
         if node.op_type in RNG_OPS:
             return ("rng",)
+        if node.op_type == "DequantizeLinear" and node.input:
+            q = self.producer.get(node.input[0])
+            if q is not None and self.nodes[q].op_type == "QuantizeLinear" and self.nodes[q].input:
+                # QDQ: what consumers of the quantized value see stands for the float value it quantized
+                return (TAG_QUANTIZED, f"{TAG_STANDS_FOR}{self.nodes[q].input[0]}")
+        if node.op_type in QUANT_OPS or self._rescales_integers(node):
+            return (TAG_QUANTIZED,)
         md = _meta(node)
         fx = _FX_NODE.match(md.get("pkg.torch.onnx.fx_node", ""))
         if node.op_type in ANGLE_OPS or (fx and fx.group(2) in ANGLE_TARGETS and fx.group(1) in node.output):
@@ -373,6 +393,86 @@ class GraphNamer:
         if node.op_type in ANGLE_PASS_OPS and any(v in angle for v in node.input):
             return ("angle",)
         return ()
+
+
+_QUANTIZED = re.compile(r"^(?P<base>.+?)_quantized$")
+_TRANSPOSED = "_Transposed"   # onnxruntime.quantization renames a Gemm weight it transposes for MatMulInteger
+
+
+def model_output_names(outputs: list[str]) -> dict[str, str]:
+    """Graph output value -> model-output record name: `output` for one output, `output.<name>` for several
+    (a PyTorch capture says `output.0`, `output.wav`; `diff` pairs model outputs by name, then position)."""
+    if len(outputs) == 1:
+        return {outputs[0]: "output"}
+    return {v: f"output.{v}" for v in outputs}
+
+
+def weight_record_names(graph: Any) -> dict[str, str]:
+    """Initializer -> the weight record that stands for it: its own name, or for a quantized weight
+    (`W_quantized`, with `W_scale` and `W_zero_point`) the dequantized `W` (quantizer suffixes undone)."""
+    names = {}
+    inits = {i.name for i in graph.initializer}
+    for name in inits:
+        m = _QUANTIZED.match(name)
+        names[name] = _weight_base(m.group("base")) if m else name
+    return names
+
+
+def _weight_base(base: str) -> str:
+    return base[: -len(_TRANSPOSED)] if base.endswith(_TRANSPOSED) else base
+
+
+def graph_weights(graph: Any) -> Iterator[tuple[str, Any, tuple[str, ...]]]:
+    """(record name, float array, tags) of every weight an ONNX graph holds: float initializers by name, and
+    quantized ones (onnxruntime.quantization's `W_quantized` + `W_scale` + `W_zero_point`, dynamic or QDQ)
+    dequantized to float32 as `W`, transposed back when the quantizer transposed them, tagged
+    `dequantized:int8` (or uint8, int32). Scales, zero points and scalars are left out."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in graph.initializer}
+    axis_of = {n.input[0]: next((a.i for a in n.attribute if a.name == "axis"), 1)
+               for n in graph.node if n.op_type == "DequantizeLinear" and n.input}
+    side = set()
+    for name in inits:
+        m = _QUANTIZED.match(name)
+        if m:
+            side.update(f"{p}{s}" for p in (m.group("base"), name) for s in ("_scale", "_zero_point"))
+    for name, init in inits.items():
+        if name in side:
+            continue
+        m = _QUANTIZED.match(name)
+        if m is None:
+            arr = numpy_helper.to_array(init)
+            if arr.dtype.kind == "f" and arr.size > 1:
+                yield name, arr, ()
+            continue
+        base = m.group("base")
+        scale = inits.get(f"{base}_scale") or inits.get(f"{name}_scale")
+        if scale is None:
+            continue
+        zp = inits.get(f"{base}_zero_point") or inits.get(f"{name}_zero_point")
+        q = numpy_helper.to_array(init)
+        s = numpy_helper.to_array(scale).astype(np.float32)
+        z = numpy_helper.to_array(zp).astype(np.float32) if zp is not None else np.float32(0)
+        if s.ndim == 1 and s.size > 1 and q.ndim > 1:   # per-channel: along the DequantizeLinear's axis
+            axis = axis_of.get(name, 1 if q.shape[1:2] == s.shape else 0) % q.ndim
+            shape = [1] * q.ndim
+            shape[axis] = s.size
+            s, z = s.reshape(shape), (z.reshape(shape) if np.ndim(z) else z)
+        value = (q.astype(np.float32) - z) * s
+        if base.endswith(_TRANSPOSED) and value.ndim == 2:
+            value = np.ascontiguousarray(value.T)
+        yield _weight_base(base), value, (f"dequantized:{q.dtype.name}",)
+
+
+def _integer_source(namer: "GraphNamer", value: str, depth: int = 0) -> bool:
+    i = namer.producer.get(value)
+    if i is None or depth > 2:
+        return False
+    node = namer.nodes[i]
+    return node.op_type in _INTEGER_KERNELS or (node.op_type == "Cast" and any(
+        _integer_source(namer, v, depth + 1) for v in node.input))
 
 
 def node_inputs(node: Any) -> Iterable[str]:

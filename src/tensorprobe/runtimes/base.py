@@ -8,7 +8,10 @@ A subclass fills in three methods:
 
     _prepare(model, inputs, workdir)  -> artifact    export / lower / compile (e.g. torch.onnx.export)
     _load(path)                       -> artifact    open a user's existing artifact (.onnx, .pte)
-    _run(artifact, inputs)            -> iterator of RuntimeTensor, in execution order
+    _run(artifact, inputs)            -> iterator of RuntimeTensor, in execution order; the model's own
+                                         outputs with kind "model_output" (`output`, `output.0`, ...)
+    _weights(artifact)                -> iterator of RuntimeTensor of kind "param" (optional): the weights
+                                         the artifact holds, named by state-dict name where it can tell
 
     >>> from tensorprobe.runtimes import get_runtime                                # doctest: +SKIP
     >>> bundle = get_runtime("onnxruntime").capture(model, inputs, out="ort_bundle")  # doctest: +SKIP
@@ -27,9 +30,10 @@ import numpy as np
 import torch
 
 from ..bundle import Bundle, BundleWriter
+from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
-from ..record import KIND_MODEL_INPUT, KIND_OUTPUT, Record, dtype_name
-from ..stats import compute_stats
+from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, Record, dtype_name
+from ..stats import compute_stats, tensor_digest
 
 
 @dataclass
@@ -95,6 +99,10 @@ class RuntimeAdapter:
     def _run(self, artifact: Any, inputs: Any) -> Iterator[RuntimeTensor]:
         raise NotImplementedError
 
+    def _weights(self, artifact: Any) -> Iterator[RuntimeTensor]:
+        """The artifact's weights (kind "param"), compared by `diff` before the forward; none by default."""
+        return iter(())
+
     def runtime_info(self) -> dict[str, Any]:
         mod = importlib.import_module(self.package)
         return {"name": self.name, "version": getattr(mod, "__version__", "unknown")}
@@ -112,23 +120,42 @@ class RuntimeAdapter:
                               inputs=named_inputs, reuse_buffers=keep == "full")
         with writer:
             order = 0
+            for rt in self._weights(artifact):
+                name = rt.name or rt.runtime_name
+                if (inc and not inc.search(name)) or (exc and exc.search(name)):
+                    continue
+                t = _to_torch(rt.value)
+                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
+                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind,
+                                  runtime_name=rt.runtime_name, tags=rt.tags, digest=tensor_digest(t)),
+                           t if keep == "full" else None, copy=rt.borrowed)
+                order += 1
             for name, value in named_inputs.items():
                 t = _to_torch(value)
                 writer.add(Record(name=f"input.{name}", module="", op="input", order=order, shape=tuple(t.shape),
                                   dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_MODEL_INPUT),
                            t if keep == "full" else None)
                 order += 1
+            dtypes: set[str] = set()
             for rt in self._run(artifact, inputs):
                 name = rt.name or rt.runtime_name
-                if (inc and not inc.search(name)) or (exc and exc.search(name)):
+                kept = rt.kind in _ALWAYS_KEPT
+                if not kept and ((inc and not inc.search(name)) or (exc and exc.search(name))):
                     continue
                 t = _to_torch(rt.value)
+                dtypes.add(dtype_name(t.dtype))
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
                                   dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind, call=rt.call,
                                   runtime_name=rt.runtime_name, inputs=rt.inputs, tags=rt.tags),
-                           t if keep == "full" else None, copy=rt.borrowed)
+                           t if (keep == "full" or kept) else None, copy=rt.borrowed)
                 order += 1
+            env = collect_environment(runtime=self.runtime_info())
+            env["dtypes"] = sorted(d for d in dtypes if d.startswith(("float", "bfloat")))
+            writer.set_header(environment=env)
         return writer.bundle()
+
+
+_ALWAYS_KEPT = (KIND_MODEL_OUTPUT,)  # the model's own outputs keep their values whatever `keep` is
 
 
 def _name_inputs(inputs: Any) -> dict[str, Any]:

@@ -31,7 +31,7 @@ import torch
 
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
-from ..record import TAG_OPAQUE, TAG_RANDOM_REPLACED, short_op
+from ..record import KIND_MODEL_OUTPUT, TAG_OPAQUE, TAG_RANDOM_REPLACED, short_op
 from .base import RuntimeAdapter, RuntimeTensor
 from .exported import (RANDOM_REWRITE, RANDOM_TO_ZEROS_OPS, TapInfo, check_equivalent, export_tapped,
                        rewrite_for_import)
@@ -289,9 +289,12 @@ def _common_path(hierarchy: dict[str, dict]) -> str:
 def _program_outputs(taps: TapInfo, outputs: list[torch.Tensor]) -> list[RuntimeTensor]:
     """One record per name the program's outputs hold, in execution order (an output holds several names
     when modules returned the same tensor)."""
-    return [RuntimeTensor(runtime_name=f"forward:output[{i}]", module=module, op="executorch.output",
-                          value=outputs[i], name=name, inputs=consumed, tags=taps.tags(i))
-            for i, name, module, consumed in taps.records() if i < len(outputs)]
+    records = [RuntimeTensor(runtime_name=f"forward:output[{i}]", module=module, op="executorch.output",
+                             value=outputs[i], name=name, inputs=consumed, tags=taps.tags(i))
+               for i, name, module, consumed in taps.records() if i < len(outputs)]
+    return records + [RuntimeTensor(runtime_name=f"forward:output[{i}]", module="", op="output", value=outputs[i],
+                                    name=name, tags=taps.tags(i), kind=KIND_MODEL_OUTPUT)
+                      for i, name in taps.model_outputs() if i < len(outputs)]
 
 
 def _buffer_size(ep: Any) -> int:

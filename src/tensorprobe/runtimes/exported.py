@@ -222,7 +222,14 @@ class TapInfo:
                 out.append((i, ROOT if self.n_outputs == 1 else f"{ROOT}:{i}", "", ()))
         held |= set(range(self.n_outputs))
         n = self.n_program_outputs
-        return out + [(i, f"output.{i}", "", ()) for i in range(n) if i not in held]
+        return out + [(i, f"program_output.{i}", "", ()) for i in range(n) if i not in held]
+
+    def model_outputs(self) -> list[tuple[int, str]]:
+        """(flat output index, model-output record name) of the model's own outputs, named as a PyTorch
+        capture names them when the forward returns a tensor (`output`) or a flat tuple (`output.0`, ...)."""
+        if self.n_outputs == 1:
+            return [(0, "output")]
+        return [(i, f"output.{i}") for i in range(self.n_outputs)]
 
 
 def export_tapped(model: torch.nn.Module, inputs: tuple, *, taps: bool = True) -> tuple[Any, TapInfo]:

@@ -34,8 +34,9 @@ import torch
 
 from ..bundle import populated_bytes
 from ..errors import InputError, TargetError
-from ..record import KIND_OUTPUT, KIND_RNG, parse_name
-from ._onnx_names import MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, node_inputs
+from ..record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse_name
+from ._onnx_names import (MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, graph_weights,
+                          node_inputs)
 from .base import RuntimeAdapter, RuntimeTensor
 from ..hooks import module_hooks
 
@@ -150,6 +151,12 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             self.last_run["pool_bytes"] = pool.allocated
             yield from _emit(seg_plans, outs, drop=True)
 
+    def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
+        for name, value, tags in graph_weights(artifact.model.graph):
+            module = name.rsplit(".", 1)[0] if "." in name else ""
+            yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
+                                tags=tags, kind=KIND_PARAM)
+
     def runtime_info(self) -> dict[str, Any]:
         info = super().runtime_info()
         info.update(providers=["CPUExecutionProvider"], **self._artifact_info)
@@ -189,13 +196,16 @@ def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> It
 
 
 def _tensors_for(p: ValuePlan, value: np.ndarray) -> Iterator[RuntimeTensor]:
-    """One RuntimeTensor per record name of a value (one value can be several modules' output), borrowing
-    `value` from the output buffer."""
+    """One RuntimeTensor per record name of a value (one value can be several modules' output, and a graph
+    output is also a model output), borrowing `value` from the output buffer."""
     for name in p.names:
         module, call = parse_name(name)
         yield RuntimeTensor(runtime_name=p.value, module=p.module if "/" in name else module, op=p.op, name=name,
                             inputs=p.inputs, tags=p.tags, call=call,
                             kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, value=value, borrowed=True)
+    if p.model_output is not None:
+        yield RuntimeTensor(runtime_name=p.value, module="", op="output", name=p.model_output,
+                            inputs=(p.names[0],), kind=KIND_MODEL_OUTPUT, value=value, borrowed=True)
 
 
 # ---- export ----------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import torch
 
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
+from ..record import KIND_MODEL_OUTPUT
 from .base import RuntimeAdapter, RuntimeTensor
 from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import, unsupported_ops_message
 
@@ -175,6 +176,10 @@ def _program_outputs(taps: TapInfo, outs: list[Any]) -> Iterator[RuntimeTensor]:
         if i < len(values):
             yield RuntimeTensor(runtime_name=f"main:output[{i}]", module=module, op="tvm.output",
                                 value=values[i], name=name, inputs=consumed, tags=taps.tags(i))
+    for i, name in taps.model_outputs():
+        if i < len(values):
+            yield RuntimeTensor(runtime_name=f"main:output[{i}]", module="", op="output", value=values[i], name=name,
+                                tags=taps.tags(i), kind=KIND_MODEL_OUTPUT)
 
 
 def _flatten_tvm(value: Any) -> list[Any]:

@@ -1,0 +1,210 @@
+"""The plain-words paragraph of a `DiffReport`: what was compared, the verdict, where and why it diverges.
+
+    >>> print(report.summary)                                                       # doctest: +SKIP
+    Compared 1,312 records by statistics only and 4 element-wise (the model's outputs); 561 weights.
+    Weights differ: decode.1.conv1.weight_g (relative error at least 0.01); decode.1.conv1, the forward's
+    first divergence, is where it is used. Diverged: 218 of 1,316 records fail; first divergence at
+    decode.1.conv1 (Conv1d): relative error at least 0.0099 ... It reads weight decode.1.conv1.weight_g,
+    which differs. The divergence persists to the output: output (SNR 38.1 dB, correlation 0.999920).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..record import KIND_MODEL_INPUT, module_label
+from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS
+from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_NOT_COMPARABLE,
+                     VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
+
+
+def fmt_err(p: PairResult) -> str:
+    parts = []
+    if p.method == METHOD_EXACT:
+        n = p.metrics.get("mismatches")
+        return "exact" if not n else f"{int(n):,} values differ"
+    if p.method == METHOD_STATS:
+        lo = p.metrics.get("rel_l2_err_lower")
+        return f"relative error at least {lo:.2g} (statistics)" if lo else "statistics agree"
+    if p.method == METHOD_DIGEST:
+        return "identical"
+    snr, corr = p.metric("snr_db"), p.metric("pearson")
+    if snr is not None:
+        parts.append("SNR inf" if snr == math.inf else f"SNR {snr:.1f} dB")
+    if corr is not None:
+        parts.append(f"correlation {corr:.6f}")
+    return ", ".join(parts) or p.status.replace("_", " ")
+
+
+def gain_words(g: float) -> str:
+    return "x inf" if g == math.inf else f"x{g:,.3g}" if g < 1000 else f"x{g:,.0f}"
+
+
+def compared_words(r: DiffReport) -> str:
+    """'Compared 1,037 records element-wise, 3 exactly, 280 by statistics only; 2 not comparable; 561 weights
+    (559 identical).'"""
+    c = r.counts()
+    parts = []
+    if c["elementwise"]:
+        parts.append(f"{c['elementwise']:,} element-wise")
+    if c["exact"]:
+        parts.append(f"{c['exact']:,} exactly (integers)")
+    if c["statistics"]:
+        parts.append(f"{c['statistics']:,} by statistics only")
+    head = f"Compared {', '.join(parts) or 'no records'}"
+    if c["not_comparable"]:
+        head += f"; {c['not_comparable']:,} not comparable"
+    if c["weights"]:
+        same = c["weights_digest"] + sum(1 for p in r.weights if p.method == METHOD_ELEMENTWISE and p.passed)
+        deq = sum(1 for p in r.weights if any(t.startswith("dequantized") for t in p.tags))
+        head += f"; {c['weights']:,} weights ({same:,} identical or within rounding" if same else \
+            f"; {c['weights']:,} weights ("
+        head = head.rstrip(" (") + (f", {deq:,} dequantized from integers" if deq else "") + (")" if same or deq else "")
+    if r.weights_ref_only:
+        head += (f"; {len(r.weights_ref_only):,} reference weights have no candidate counterpart by name or content "
+                 "(exporters fold and rename weights; --map renames)")
+    return head + "."
+
+
+def summarize(r: DiffReport) -> str:
+    """Verdict, what was compared, weights, first divergence and its cause, amplifier, outputs, calls, rng."""
+    if not r.pairs and not r.weights:
+        return (f"Nothing compared: no record of the candidate lines up with the reference "
+                f"({len(r.ref_only)} reference-only, {len(r.cand_only)} candidate-only records).")
+    verdict = r.verdict
+    if verdict == VERDICT_EMPTY:
+        return (f"Nothing compared: {len(r.pairs)} records line up, but none could be compared "
+                "(no tensors and no statistics in common, or values of different kinds).")
+    text = compared_words(r) + " "
+    if verdict == VERDICT_CONSISTENT:
+        text = (f"No divergence found, but nothing was compared element-wise: {compared_words(r)[9:]} "
+                "Statistics only prove differences; capture with --keep full to compare values.")
+    elif verdict != VERDICT_DIVERGED:
+        text += _match_words(r)
+    else:
+        text += _weights_words(r) + _divergence_words(r)
+    text += _rng_words(r) + _calls_words(r)
+    if r.environment_notes and verdict == VERDICT_DIVERGED:
+        text += f" The environments differ: {r.environment_notes[0]}."
+    if r.rng_note and verdict == VERDICT_DIVERGED and r.rng_note not in text:
+        text += f" Note: {r.rng_note}."
+    unmatched = [n for n in r.ref_only if not n.startswith("input.")]
+    if unmatched or r.cand_only or r.shape_mismatches:
+        text += (f" Unmatched: {len(r.ref_only)} reference-only, {len(r.cand_only)} candidate-only records"
+                 f"{f', {len(r.shape_mismatches)} shape mismatches' if r.shape_mismatches else ''}.")
+    return text
+
+
+def _match_words(r: DiffReport) -> str:
+    rule = "within rounding noise" if r.criteria.noise else "within the criteria"
+    worst = r.get(r.worst)
+    tail = ""
+    if worst is not None:
+        floor = f", noise floor {worst.floor:.2g}" if worst.floor and r.criteria.noise else ""
+        tail = f" (worst {worst.name}: relative error {worst.rel_err:.2g}{floor}; {fmt_err(worst)})"
+    stats = r.counts()["statistics"]
+    caveat = f" {stats:,} records compared by statistics only show no divergence." if stats else ""
+    return f"Match: every compared record agrees {rule}{tail}.{caveat}"
+
+
+def _weights_words(r: DiffReport) -> str:
+    bad = r.weights_differ
+    if not bad:
+        return ""
+    first = bad[0]
+    err = first.rel_err if first.rel_err is not None else first.metrics.get("rel_l2_err_lower")
+    how = (f"relative error {err:.2g}" if first.rel_err is not None else
+           f"relative error at least {err:.2g}" if err else "; ".join(first.reasons))
+    more = f", and {len(bad) - 1} more" if len(bad) > 1 else ""
+    text = f"Weights differ: {first.name} ({how}){more}."
+    div = r.get(r.first_divergence)
+    if div is not None and div.kind != KIND_MODEL_INPUT:
+        users = {w.module for w in bad}
+        if div.origin in {w.name for w in bad} or div.module in users:
+            text += f" The forward's first divergence, {div.name}, is where {'it is' if len(bad) == 1 else 'they are'} used."
+    return text + " "
+
+
+def _divergence_words(r: DiffReport) -> str:
+    c = r.counts()
+    first = r.get(r.first_divergence)
+    if first is None:
+        return "Diverged: the weights differ, but every forward record compared agrees."
+    why = "; ".join(first.reasons)
+    text = (f"Diverged: {c['failed']:,} of {c['pairs']:,} records fail; first divergence at {first.name} "
+            f"({module_label(first.module)}, {first.op}): {why}.")
+    text += _cause_words(r, first)
+    amp = r.strongest_amplifier
+    if amp is not None and amp.name != first.name:
+        text += (f" Strongest amplifier: {amp.name} (error gain {gain_words(amp.gain)}, relative error "
+                 f"{amp.input_rel_err:.2g} -> {amp.output_rel_err:.2g})"
+                 + (f": {amp.explanation}." if amp.explanation else "."))
+    text += _output_words(r, first)
+    if r.first_difference:
+        earlier = r.get(r.first_difference)
+        cause = {CAUSE_AMPLIFIED: "amplified rounding", CAUSE_RANDOM: "random draws that differ"}.get(
+            earlier.cause or "", earlier.cause or "")
+        text += f" An earlier record, {earlier.name}, also differs ({cause})."
+    return text
+
+
+def _cause_words(r: DiffReport, p: PairResult) -> str:
+    if p.kind == KIND_MODEL_INPUT:
+        return " The model inputs already differ: compare the inputs before blaming a layer."
+    if p.cause == CAUSE_WEIGHTS:
+        return f" It reads weight {p.origin}, which differs."
+    if p.cause == CAUSE_RANDOM:
+        return " It comes from random draws that differ between the runs (use --replay-rng)."
+    if p.cause == CAUSE_QUANTIZED:
+        n = sum(1 for q in r.pairs if "quantized" in q.tags)
+        return (f" {p.explanation[0].upper() + p.explanation[1:]}; {n:,} of the {len(r.pairs):,} compared records "
+                "are computed with quantized arithmetic. Judge the port by its outputs (or with --min-snr)."
+                if p.explanation else "")
+    if p.cause == CAUSE_AMPLIFIED:
+        g = f" ({gain_words(p.gain)})" if p.gain is not None else ""
+        words = f": {p.explanation}" if p.explanation else ""
+        return (f" No record adds error of its own: its inputs differ only by rounding noise, which it "
+                f"amplifies{g}{words}.")
+    if p.cause == CAUSE_OWN and p.method != METHOD_STATS:
+        if p.input_rel_err:
+            return (f" The error is its own: its inputs differ by at most {p.input_rel_err:.2g}, which its op "
+                    f"cannot turn into {p.rel_err:.2g}{' (composite module: capture at op level to see which op)' if p.op.startswith('module:') else ''}.")
+        return " The error enters here: its inputs are identical."
+    return ""
+
+
+def _output_words(r: DiffReport, first: PairResult) -> str:
+    outs = [r.get(n) for n in r.outputs] or ([r.get(r.output)] if r.output else [])
+    outs = [o for o in outs if o is not None and o.name != first.name]
+    if not outs:
+        return ""
+    failing = [o for o in outs if o.failed]
+    listed = "; ".join(f"{o.name} ({fmt_err(o)})" for o in (failing or outs)[:3])
+    if failing:
+        by = " — by random noise, not by the port" if all(o.cause == CAUSE_RANDOM for o in failing) else ""
+        return f" The divergence persists to the output{'s' if len(failing) > 1 else ''}{by}: {listed}."
+    return f" The error recovers: the output{'s pass' if len(outs) > 1 else ' passes'}: {listed}."
+
+
+def _rng_words(r: DiffReport) -> str:
+    if not r.rng_differs:
+        return ""
+    n = len(r.rng_differs)
+    outs = [r.get(o) for o in r.outputs]
+    reaches = any(o is not None and o.failed and o.cause == CAUSE_RANDOM for o in outs)
+    effect = (": the outputs differ by noise, not by the port" if reaches else
+              "; it does not reach the outputs" if outs and not any(o and o.failed for o in outs) else "")
+    return f" {n} random op{'s' if n > 1 else ''} drew different noise{effect}; --replay-rng feeds the reference's."
+
+
+def _calls_words(r: DiffReport) -> str:
+    failing = [s for s in r.call_series if s.first_failing_call is not None]
+    if not failing:
+        return ""
+    s = min(failing, key=lambda s: (s.key.count("/"), s.first_failing_call))
+    grow = f", relative error grows {gain_words(s.growth)} by call {s.calls[-1]}" if s.growth else ""
+    return (f" Repeated calls: {s.key} runs {len(s.calls)} times; error enters at call "
+            f"{s.first_failing_call}{grow}.")
+
+
+__all__ = ["compared_words", "fmt_err", "gain_words", "summarize"]

@@ -1,0 +1,79 @@
+"""Emulate a backend's reduced-precision arithmetic in PyTorch, on any device.
+
+`tf32()` rounds the float32 operands of every convolution and matmul to TF32 (10 explicit mantissa bits,
+round to nearest even), which is what cuDNN and cuBLAS do with `allow_tf32` on an Ampere-or-newer GPU
+(they accumulate in float32). A capture taken inside records the emulation in its numerics environment,
+so `diff` knows the arithmetic it is looking at:
+
+    >>> import tensorprobe as tp
+    >>> from tensorprobe.emulate import tf32
+    >>> with tf32():                                                        # doctest: +SKIP
+    ...     cand = tp.capture(model, x, level="op", keep="full", out="tf32")
+    >>> tp.diff("ref", "tf32").verdict                                      # doctest: +SKIP
+    'match'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .environment import CONV, MATMUL, emulating
+
+_CONV_OPS = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
+                       "conv_transpose2d", "conv_transpose3d", "mkldnn_convolution", "cudnn_convolution"})
+_MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "dot", "mv", "addmv"})
+
+
+def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to TF32 precision (10 mantissa bits, nearest even); other dtypes unchanged.
+
+        >>> round_to_tf32(torch.tensor([1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11])).tolist()
+        [1.0, 1.001953125]
+    """
+    if t.dtype != torch.float32:
+        return t
+    bits = t.contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1                                   # round half to even on the kept bits
+    rounded = (bits + 0x0FFF + lsb) & ~0x1FFF
+    finite = torch.isfinite(t)
+    return torch.where(finite, rounded.view(torch.float32), t).view(t.shape)
+
+
+class _RoundOperands(TorchDispatchMode):
+    def __init__(self, ops: frozenset[str]):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func._schema.name.split("::")[-1] in self.ops:
+            args = tuple(round_to_tf32(a) if isinstance(a, torch.Tensor) else a for a in args)
+        return func(*args, **(kwargs or {}))
+
+
+class tf32:
+    """Context manager: convolutions and matmuls see TF32-rounded float32 operands (see module docstring).
+
+    Args:
+        conv: round convolution operands (cuDNN's `allow_tf32`, on by default in PyTorch).
+        matmul: round matmul operands (`torch.backends.cuda.matmul.allow_tf32`, off by default).
+    """
+
+    def __init__(self, conv: bool = True, matmul: bool = True):
+        ops = (_CONV_OPS if conv else frozenset()) | (_MATMUL_OPS if matmul else frozenset())
+        self._mode = _RoundOperands(ops)
+        self._mark = emulating({**({CONV: "tf32"} if conv else {}), **({MATMUL: "tf32"} if matmul else {})})
+
+    def __enter__(self) -> "tf32":
+        self._mark.__enter__()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        self._mark.__exit__(*exc)
+
+
+__all__ = ["round_to_tf32", "tf32"]
