@@ -98,6 +98,22 @@ def arithmetic(env: dict[str, Any] | None) -> dict[str, str]:
     return out
 
 
+_ARITHMETIC_KEYS = ("runtime", "torch", "device", "device_name", "cuda", "cudnn", "tf32", "float32_matmul_precision",
+                    "reduced_precision_reduction", "threads", "machine", "emulated")
+
+
+def same_arithmetic(ref: dict[str, Any] | None, cand: dict[str, Any] | None) -> bool:
+    """Did both runs use exactly the same arithmetic (same runtime and version, device, threads, precision
+    flags), deterministically (CPU, or CUDA with deterministic algorithms)? Then two records computed from
+    identical inputs in the same dtype are bit-identical, and rounding explains no difference at all."""
+    if not ref or not cand:
+        return False
+    if any(ref.get(k) != cand.get(k) for k in _ARITHMETIC_KEYS):
+        return False
+    device = str(ref.get("device", ""))
+    return device == "cpu" or bool(ref.get("deterministic") and cand.get("deterministic"))
+
+
 def explain(ref: dict[str, Any] | None, cand: dict[str, Any] | None) -> list[str]:
     """Plain-words notes on what differs between two environments and what it does to the numbers."""
     if not ref or not cand:
@@ -160,4 +176,4 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-__all__ = ["UNIT_ROUNDOFF", "arithmetic", "collect", "emulating", "explain"]
+__all__ = ["UNIT_ROUNDOFF", "arithmetic", "collect", "emulating", "explain", "same_arithmetic"]

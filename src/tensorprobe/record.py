@@ -49,6 +49,9 @@ TAG_DERIVED = "derived"
 # Tag of a runtime record made by quantized arithmetic (QuantizeLinear/DequantizeLinear, an int8 kernel and the
 # rescale after it): its difference from a float reference is quantization error, expected of an int8 port.
 TAG_QUANTIZED = "quantized"
+# Tag prefix of a weight dequantised from integers, followed by its largest quantisation step (the scale):
+# rounding to that step is what the conversion explains.
+TAG_QSTEP = "qstep:"
 # Tag prefix of a runtime record that stands for another value of its graph, followed by that value's runtime
 # name: in a QDQ model the DequantizeLinear after a QuantizeLinear of v is what v's consumers see, so `diff`
 # pairs it with the reference's v.

@@ -1,7 +1,8 @@
 """`tensorprobe diff REF CAND`: a thin wrapper over `tensorprobe.diff`.
 
-Exit codes: 0 every compared record passes, 1 a divergence (or a shape mismatch), 2 bad input
-(missing or corrupt bundle, bad rule or regex, nothing to compare is *not* bad input: it exits 1).
+Exit codes: 0 match (or "consistent": nothing compared value by value and the statistics prove no
+difference, which the first line says), 1 a divergence (or a shape mismatch, or nothing compared at all),
+2 bad input (missing or corrupt bundle, bad rule or regex).
 JSON schema: docs/json-diff.md.
 """
 
@@ -55,7 +56,7 @@ def diff_cmd(
             write_diff_html(report, html, local_snr=local_snr_from_json(local) if local else None)
     except TensorprobeError as e:
         fail(str(e))
-    code = EXIT_OK if report.passed else EXIT_FINDING
+    code = EXIT_OK if report.verdict in ("match", "consistent") else EXIT_FINDING
     if json_out:
         emit_json("diff", "ok" if code == EXIT_OK else "finding", {"report": report.to_dict(),
                                                                   "html": str(html) if html else None})

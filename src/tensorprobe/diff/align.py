@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 from ..errors import InputError
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN, TAG_OPAQUE,
-                      TAG_RANDOM_REPLACED, TAG_STANDS_FOR, WEIGHT_KINDS, Record, module_label)
+                      TAG_RANDOM_REPLACED, TAG_STANDS_FOR, WEIGHT_KINDS, Record, module_label, short_op)
 from .compat import kinds_agree
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
@@ -268,7 +268,8 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
             continue
         r_class = _pairing_class(r)
         for i, (c, c_class) in enumerate(queue):
-            if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class) and kinds_agree(r, c):
+            if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class) and kinds_agree(r, c) \
+                    and _same_op_or_unknown(r, c):
                 matched[r.name] = (c, MATCH_ORDER)
                 used.add(c.name)
                 del queue[: i + 1]  # keep order: later refs only pair with later cands
@@ -295,6 +296,14 @@ def _pairing_class(rec: Record) -> tuple[bool | None, str | None]:
     return draw, "op" if m.group("op") else "module"
 
 
+def _same_op_or_unknown(r: Record, c: Record) -> bool:
+    """Two PyTorch op records pair by order only if they are the same op (aten names are comparable); a
+    runtime's op types (Conv, MatMul) say nothing against aten's, so they are not required to agree."""
+    if r.op.startswith("aten.") and c.op.startswith("aten."):
+        return short_op(r.op) == short_op(c.op)
+    return True
+
+
 def _classes_agree(a: tuple, b: tuple) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(a, b))
 
@@ -302,6 +311,15 @@ def _classes_agree(a: tuple, b: tuple) -> bool:
 def same_shape(a: Sequence[int], b: Sequence[int]) -> bool:
     """Equal shapes, or equal once size-1 dimensions are dropped ((1, 80, 100) vs (80, 100))."""
     return tuple(a) == tuple(b) or tuple(d for d in a if d != 1) == tuple(d for d in b if d != 1)
+
+
+def _op_sequences(records: Iterable[Record]) -> dict[tuple[str, int], tuple[str, ...]]:
+    """(module, call) -> the op-level records' ops in execution order."""
+    seqs: dict[tuple[str, int], list[tuple[int, str]]] = {}
+    for r in records:
+        if "/" in r.name and r.kind not in WEIGHT_KINDS:
+            seqs.setdefault((r.module, r.call), []).append((r.order, r.op))
+    return {k: tuple(op for _, op in sorted(v)) for k, v in seqs.items()}
 
 
 def inconsistent_order_pairs(alignment: Alignment) -> dict[str, str]:
@@ -314,10 +332,18 @@ def inconsistent_order_pairs(alignment: Alignment) -> dict[str, str]:
     Returns: reference name -> reason.
     """
     ref_of = {p.cand.name: p.ref.name for p in alignment.pairs}
+    r_ops = _op_sequences([p.ref for p in alignment.pairs] + list(alignment.ref_only))
+    c_ops = _op_sequences([p.cand for p in alignment.pairs] + list(alignment.cand_only))
     out = {}
     for p in alignment.pairs:
         by_order = p.method == MATCH_ORDER
         op_level = p.method == MATCH_NAME and "/" in p.ref.name and "/" in p.cand.name
+        key = (p.ref.module, p.ref.call)
+        if op_level and not same_shape(p.ref.shape, p.cand.shape) and r_ops.get(key) != c_ops.get(key):
+            out[p.ref.name] = (f"not comparable: {p.ref.name} names another op on each side: the two sides "
+                               f"decompose {module_label(p.ref.module)} differently ({len(r_ops.get(key, ()))} vs "
+                               f"{len(c_ops.get(key, ()))} op records)")
+            continue
         if not (by_order or op_level) or not p.ref.inputs:
             continue
         mapped = [ref_of[i] for i in p.cand.inputs if i in ref_of]

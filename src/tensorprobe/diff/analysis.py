@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_QUANTIZED,
                       WEIGHT_KINDS, Record)
-from .explain import explain, predicted_gain
+from .explain import explain, family, predicted_gain
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_SHAPE, Amplifier,
@@ -50,13 +50,16 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results))
     notes = list(notes) + ([graph_note] if graph_note else [])
     failing = [p for p in forward if p.failed]
+    output = model_output(forward)
+    outs = [p for p in forward if p.kind == KIND_MODEL_OUTPUT] or ([output] if output is not None else [])
+    if not any(o.failed and o.cause == CAUSE_RANDOM for o in outs):
+        failing = [p for p in failing if p.cause != CAUSE_RANDOM]   # noise that never reaches an output leads nothing
     first = first_divergence(failing)
     compared = [p for p in forward if p.rel_err is not None]
     worst = max(compared, key=lambda p: p.rel_err, default=None)
     worst = worst if worst is not None and worst.rel_err > 0 else None
     amps = amplifiers(forward, criteria, by_name)
     outputs = tuple(p.name for p in forward if p.kind == KIND_MODEL_OUTPUT)
-    output = model_output(forward)
     series = call_series(forward)
     rng = rng_note(first, ref_records, ref_bundle, cand_bundle) if first else None
     notes += angle_notes(forward)
@@ -157,10 +160,15 @@ def _draws_inside(results: Sequence[PairResult]) -> dict[str, list[str]]:
 
 
 def _module_weights(weights: Sequence[PairResult], ref_records: Sequence[Record]) -> dict[str, list[str]]:
-    """module path -> names of its own (direct) weights, for module-level records."""
+    """module path -> the weights a module-level record reads: its own, and those of descendants that never
+    ran as modules (MultiheadAttention reads out_proj.weight without calling out_proj)."""
+    ran = {r.module for r in ref_records if r.op.startswith("module:")}
     out: dict[str, list[str]] = {}
     for w in weights:
-        out.setdefault(w.module, []).append(w.name)
+        owner = w.module
+        while owner and owner not in ran:      # climb to the nearest module that has records of its own
+            owner = owner.rsplit(".", 1)[0] if "." in owner else ""
+        out.setdefault(w.module if w.module in ran else owner, []).append(w.name)
     return out
 
 
@@ -187,13 +195,15 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
 
     Under the noise rule a pair within its noise floor also fails when its error is its own: more than
     `OWN_MARGIN` x what its inputs' error (times the gain its op may have) and its own rounding explain. The
-    floor of a deep record under a coarse arithmetic (TF32, float16) is loose; a bug is not."""
+    floor of a deep record under a coarse arithmetic (TF32, float16) is loose; a bug is not. Normalisations
+    are left out of this test: their conditioning is per channel, which tensor statistics underestimate."""
     done: dict[str, PairResult] = {w.name: w for w in weights}
     out = []
     for p in results:
-        if noise_rule and not p.failed:
+        q_input = (quantized or {}).get(p.name)
+        if noise_rule and not p.failed and q_input is None and TAG_QUANTIZED not in p.tags:
             p = _own_within_floor(p, done, by_name)
-        p = _classified(p, done, by_name, (quantized or {}).get(p.name))
+        p = _classified(p, done, by_name, q_input)
         done[p.name] = p
         out.append(p)
     return out
@@ -205,6 +215,8 @@ def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[
     rec = by_name.get(p.name)
     if rec is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT) or done.get(p.input_name) is None:
         return p
+    if family(rec.op) == "norm":
+        return p  # a normalisation's conditioning is per channel: tensor-level statistics underestimate it
     ins = [by_name[i] for i in rec.inputs if i in by_name]
     gain = predicted_gain(rec, ins, _output_index(p.name))
     e_in = p.input_rel_err or 0.0
@@ -231,7 +243,7 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
             own_q = TAG_QUANTIZED in p.tags
             return replace(p, cause=CAUSE_QUANTIZED, origin=p.name if own_q else quantized_input, explanation=(
                 f"the candidate computes {p.cand_name} with quantized arithmetic" if own_q else
-                f"the candidate feeds {p.cand_name} a quantized copy of its input ({quantized_input})")
+                f"the candidate computes {p.cand_name} from {quantized_input}, a value made with quantized arithmetic")
                 + ": its error is quantization error, expected of an int8 port")
     e = error_of(p)
     rec = by_name.get(p.name)
@@ -242,7 +254,8 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     # Inputs that already differ by more than INPUTS_DIFFER carry other data: nothing downstream of them can
     # be told apart from what they bring (a record whose reference is ~0 would otherwise "own" a huge error).
     if e is None or src is None or (e > OWN_MARGIN * max(local, gain * e_in) and e_in < INPUTS_DIFFER):
-        own = p.method != METHOD_STATS or src is None or not src.failed
+        # an input compared by statistics carries only a lower bound of its error: it can't clear this record
+        own = src is None or not src.failed or (p.method != METHOD_STATS and src.method != METHOD_STATS)
         if own:
             return replace(p, cause=CAUSE_OWN, origin=p.name)
     if src.kind in WEIGHT_KINDS and src.failed:

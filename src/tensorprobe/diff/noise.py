@@ -14,6 +14,11 @@ GPU's TF32 convolutions. `diff`'s default verdict separates that noise from real
   computed from (independent rounding errors add like a random walk): a float32 record k ops deep has
   `u_acc` = 2^-24·sqrt(k), one behind k TF32 matmuls about 2^-11·sqrt(k). Integers and booleans have
   `u_acc` = 0: they must agree exactly.
+- Where both runs used the same arithmetic deterministically (same runtime and version, device, threads,
+  precision flags: `environment.same_arithmetic`) and a record has the same dtype on both sides, its own
+  roundoff is 0: identical inputs give identical bits, so any difference was caused by something else.
+- A normalisation's saved mean and inverse std (outputs 1 and 2 of the native norms, which only the
+  backward pass reads) are compared and shown, never judged.
 - `κ` >= 1 is the cancellation factor of sums, differences, means, normalisations and dot products (how
   much larger the operands are than the result): the mean of zero-mean data has a huge *relative* error
   that is tiny against the data it came from.
@@ -22,7 +27,7 @@ GPU's TF32 convolutions. `diff`'s default verdict separates that noise from real
   `u_acc` (records up to 3,200 ops deep): a margin of 5.
 
 Weights are data, not arithmetic: they are noise within 2 units of the coarser dtype's roundoff (a float16
-conversion), or within one quantisation step for dequantised int8 weights.
+conversion), or within one quantisation step (the scale) for weights dequantised from integers.
 
 **Causes.** A record beyond the noise floor is a divergence, and its cause is one of
 
@@ -45,8 +50,9 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from ..environment import CONV, MATMUL, UNIT_ROUNDOFF, arithmetic
-from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, WEIGHT_KINDS, Record
+from ..environment import CONV, MATMUL, UNIT_ROUNDOFF, arithmetic, same_arithmetic
+from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, TAG_DERIVED, TAG_QSTEP, WEIGHT_KINDS,
+                      Record)
 from .compat import rms
 from .explain import HUGE_GAIN, dot_cancellation, family, norm_gain
 
@@ -84,13 +90,17 @@ class Precision:
 
     ref: Mapping[str, str]
     cand: Mapping[str, str]
+    identical: bool = False   # both runs used the same arithmetic, deterministically
 
     @classmethod
     def of(cls, ref_env: dict | None, cand_env: dict | None) -> "Precision":
-        return cls(arithmetic(ref_env), arithmetic(cand_env))
+        return cls(arithmetic(ref_env), arithmetic(cand_env), same_arithmetic(ref_env, cand_env))
 
     def own(self, r: Record, c: Record | None) -> float:
-        """Unit roundoff of the arithmetic of this one record (no inheritance)."""
+        """Unit roundoff of the arithmetic of this one record (no inheritance); 0 when both sides computed
+        it the same way (same environment and dtype): identical inputs then give identical bits."""
+        if self.identical and c is not None and c.dtype == r.dtype:
+            return 0.0
         u = dtype_roundoff(r.dtype)
         if c is not None:
             u = max(u, dtype_roundoff(c.dtype))
@@ -142,7 +152,10 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
         own = prec.own(r, cand_of.get(r.name))
         if r.kind in WEIGHT_KINDS or r.kind in (KIND_MODEL_INPUT, KIND_RNG) or r.stats.kind in ("int", "bool"):
             c = cand_of.get(r.name)
-            conv = own if c is not None and c.dtype != r.dtype else 0.0
+            # a dequantised weight is judged within one quantisation step, but passes on only rounding: what its
+            # quantisation does to the forward is the quantized port's error, reported as such
+            conv = weight_floor(r, c, quantization=False) if (c is not None and r.kind in WEIGHT_KINDS) else \
+                (own if c is not None and c.dtype != r.dtype else 0.0)
             out[r.name] = Noise(conv, conv)
             continue
         if r.stats.kind == "float" and rms(r.stats) == 0.0:
@@ -166,7 +179,10 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
             rounding = max(rounding, taken[r.module][1])  # a composite's own arithmetic is what ran inside it
         prop = math.sqrt(sum(t * t for t in terms)) if _adds(r) else max(terms, default=0.0)
         expected = min(math.sqrt(rounding * rounding + prop * prop), HUGE_GAIN)
-        out[r.name] = Noise(expected, rounding)
+        # A normalisation's mean and inverse std (native norms' outputs 1 and 2) are kept for the backward pass
+        # and read by nothing in the forward; their per-channel conditioning is beyond tensor statistics.
+        statistic = family(r.op) == "norm" and _output_index(r.name) > 0
+        out[r.name] = Noise(expected, rounding, unjudged=statistic)
         running, latest = max(running, expected), expected
         parts = r.module.split(".") if r.module else []
         level = len(parts) - (1 if r.op.startswith("module:") else 0)
@@ -211,22 +227,24 @@ def _output_index(name: str) -> int:
     return int(o) if o and o.isdigit() else 0
 
 
-def weight_floor(r: Record, c: Record) -> float:
+def weight_floor(r: Record, c: Record, quantization: bool = True) -> float:
     """What conversion explains in a weight: `WEIGHT_UNITS` roundoffs of the coarser dtype, or one
-    quantisation step of a dequantised int8 weight."""
-    u = max(dtype_roundoff(r.dtype), dtype_roundoff(c.dtype)) if r.dtype != c.dtype else 0.0
-    q = dequantized_floor(c) or dequantized_floor(r) or 0.0
+    quantisation step of a dequantised int8 weight. A derived weight (weight_norm's g·v/‖v‖) is computed,
+    so its own rounding is allowed even between runs of the same arithmetic."""
+    computed = TAG_DERIVED in r.tags or TAG_DERIVED in c.tags
+    u = max(dtype_roundoff(r.dtype), dtype_roundoff(c.dtype)) if (r.dtype != c.dtype or computed) else 0.0
+    if computed:
+        u *= 4
+    q = (dequantized_floor(c) or dequantized_floor(r) or 0.0) if quantization else 0.0
     return max(q, WEIGHT_UNITS * u)
 
 
 def dequantized_floor(r: Record) -> float | None:
-    """One quantisation step relative to the rms, for a weight dequantised from int8/uint8 (tag
-    `dequantized:int8`); None for other records."""
-    tag = next((t for t in r.tags if t.startswith("dequantized")), None)
-    if tag is None or not r.stats.absmax:
+    """One quantisation step relative to the rms, for a weight dequantised from integers (tag
+    `qstep:<step>`, the scale); None for other records."""
+    step = next((float(t[len(TAG_QSTEP):]) for t in r.tags if t.startswith(TAG_QSTEP)), None)
+    if step is None:
         return None
-    levels = 255.0 if tag.endswith("8") else 65535.0
-    step = 2.0 * float(r.stats.absmax) / levels
     return step / max(rms(r.stats) or 1e-300, 1e-300)
 
 

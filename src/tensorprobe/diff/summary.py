@@ -181,9 +181,18 @@ def _output_words(r: DiffReport, first: PairResult) -> str:
     failing = [o for o in outs if o.failed]
     listed = "; ".join(f"{o.name} ({fmt_err(o)})" for o in (failing or outs)[:3])
     if failing:
-        by = " — by random noise, not by the port" if all(o.cause == CAUSE_RANDOM for o in failing) else ""
+        by = ""
+        if all(o.cause == CAUSE_RANDOM for o in failing):
+            by = (" — random draws differ too, so replay them (--replay-rng) to tell noise from this error"
+                  if _port_error(r) else " — by random noise, not by the port")
         return f" The divergence persists to the output{'s' if len(failing) > 1 else ''}{by}: {listed}."
     return f" The error recovers: the output{'s pass' if len(outs) > 1 else ' passes'}: {listed}."
+
+
+def _port_error(r: DiffReport) -> bool:
+    """Does anything fail for a reason other than random draws (a bug, weights, quantization, amplification)?"""
+    return any(p.failed and p.cause in (CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_QUANTIZED, CAUSE_AMPLIFIED)
+               for p in r.pairs) or bool(r.weights_differ)
 
 
 def _rng_words(r: DiffReport) -> str:
@@ -192,6 +201,8 @@ def _rng_words(r: DiffReport) -> str:
     n = len(r.rng_differs)
     outs = [r.get(o) for o in r.outputs]
     reaches = any(o is not None and o.failed and o.cause == CAUSE_RANDOM for o in outs)
+    if reaches and _port_error(r):
+        return f" {n} random op{'s' if n > 1 else ''} drew different noise: --replay-rng feeds the reference's."
     effect = (": the outputs differ by noise, not by the port" if reaches else
               "; it does not reach the outputs" if outs and not any(o and o.failed for o in outs) else "")
     return f" {n} random op{'s' if n > 1 else ''} drew different noise{effect}; --replay-rng feeds the reference's."

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from ..errors import InputError
-from ..record import TAG_QUANTIZED, TAG_STANDS_FOR, record_name
+from ..record import TAG_QSTEP, TAG_QUANTIZED, TAG_STANDS_FOR, record_name
 
 SCOPE_KEY = "tensorprobe.scope"
 MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples
@@ -463,7 +463,8 @@ def graph_weights(graph: Any) -> Iterator[tuple[str, Any, tuple[str, ...]]]:
         value = (q.astype(np.float32) - z) * s
         if base.endswith(_TRANSPOSED) and value.ndim == 2:
             value = np.ascontiguousarray(value.T)
-        yield _weight_base(base), value, (f"dequantized:{q.dtype.name}",)
+        step = float(np.max(np.abs(s)))  # one quantisation step: the rounding dequantisation is allowed
+        yield _weight_base(base), value, (f"dequantized:{q.dtype.name}", f"{TAG_QSTEP}{step:.6g}")
 
 
 def _integer_source(namer: "GraphNamer", value: str, depth: int = 0) -> bool:
