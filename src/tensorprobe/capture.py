@@ -175,6 +175,7 @@ class _Recorder:
         self.producer = WeakTensorKeyDictionary()  # tensor -> name of the record that produced it
         self.op_counts: dict[tuple[str, int, str], int] = {}
         self.rng_records = 0
+        self.angles: set[str] = set()   # names of records holding angles (compared modulo 2π)
 
     def wanted(self, name: str, kind: str) -> bool:
         if kind in _ALWAYS_STORED:
@@ -206,6 +207,8 @@ class _Recorder:
         rec = self.writer.add(rec, t if store else None)
         self.order += 1
         self.rng_records += kind == KIND_RNG
+        if "angle" in tags:
+            self.angles.add(rec.name)
         self.producer[t] = rec.name
         if self.on_record is not None:
             self.on_record(rec)
@@ -407,10 +410,12 @@ class Capture:
         model output named by its path: `output`, `output.0`, `output.waveform`, `output.0.1`. `run` does this;
         call it yourself around your own code (`cap.record_outputs(audio)`)."""
         assert self._writer is not None, "record_outputs is called inside the capture"
+        rec = self._recorder
         with self._paused():
             for path, t in output_tensors(output, name):
-                self._recorder.record(t, name=path, module="", op="output", kind=KIND_MODEL_OUTPUT,
-                                      inputs=self._recorder.input_names([t]))
+                inputs = rec.input_names([t])
+                tags = ("angle",) if any(i in rec.angles for i in inputs) else ()  # an angle stays an angle
+                rec.record(t, name=path, module="", op="output", kind=KIND_MODEL_OUTPUT, inputs=inputs, tags=tags)
 
     # ---- internals -------------------------------------------------------------------------------------
     def _open_writer(self, inputs: dict | None) -> None:

@@ -176,3 +176,20 @@ def test_float64_decoder_diverges_where_phase_accumulation_amplifies_rounding(ro
     assert r.verdict == "diverged" and first.cause == "amplified" and first.op == "aten.sin.default", r.summary
     assert "phase accumulation" in first.explanation and "982 rad" in first.explanation
     assert not any(p.cause == "own" for p in r.pairs) and r.output_persists is False
+
+
+@needs_ort
+@pytest.mark.onnx
+def test_compare_onnxruntime_names_the_normalisation_that_amplifies_rounding(tmp_path):
+    """ONNX Runtime against PyTorch on the shipped exportable decoder (unvoiced): the output differs (about
+    30 dB) with no bug anywhere: an instance norm of channels below its epsilon amplifies rounding by ~1e9."""
+    from tensorprobe.examples import kokoro
+
+    res = tp.compare(kokoro.exportable_decoder(), kokoro.decoder_inputs(0.5), "onnxruntime", out=tmp_path)
+    r = res.diff
+    first = r.get(r.first_divergence)
+    assert res.finding and r.verdict == "diverged" and r.get("output").failed
+    assert first.name.startswith("generator.noise_res.") and first.cause == "amplified", r.summary
+    assert "near-constant channels" in first.explanation
+    assert not any(p.cause == "own" for p in r.pairs), [p.name for p in r.pairs if p.cause == "own"]
+    assert "different runtimes" in " ".join(r.environment_notes)

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_QUANTIZED,
                       WEIGHT_KINDS, Record)
-from .explain import explain, family, predicted_gain
+from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_SHAPE, Amplifier,
@@ -32,6 +32,8 @@ from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STA
 MAX_AMPLIFIERS = 10
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
 INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own
+# Ops whose amplification depends on their input's values (statistics of the input are needed to bound it).
+_DATA_CONDITIONED = frozenset({"norm", "sin", "exp", "log", "div", "angle", "softmax", "pow"})
 _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 
 
@@ -54,7 +56,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     outs = [p for p in forward if p.kind == KIND_MODEL_OUTPUT] or ([output] if output is not None else [])
     if not any(o.failed and o.cause == CAUSE_RANDOM for o in outs):
         failing = [p for p in failing if p.cause != CAUSE_RANDOM]   # noise that never reaches an output leads nothing
-    first = first_divergence(failing)
+    first = first_divergence(failing, outs, forward)
     compared = [p for p in forward if p.rel_err is not None]
     worst = max(compared, key=lambda p: p.rel_err, default=None)
     worst = worst if worst is not None and worst.rel_err > 0 else None
@@ -107,13 +109,22 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
     graph = {r.name: r.inputs for r in ref_records}
     has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
     own_weights = _module_weights(weights, ref_records)
-    draws = _draws_inside(results)
-    out, prev, carrier = [], None, None  # carrier: the latest (non-random) record with a non-zero error
+    children, draws = _inside_calls(results)
+    forward_names = {r.name for r in ref_records if r.kind in (KIND_OUTPUT, KIND_RNG)}
+    # carrier: the latest record (not a random draw) whose error is comparable to the largest so far: the
+    # main data path, not a side computation (a style projection carries 1e-7 where the signal carries 1e-4)
+    out, prev, carrier, largest = [], None, None, 0.0
     for p in results:
         inputs = list(graph.get(p.name, ()) if has_graph else ((prev,) if prev else ()))
         if p.op.startswith("module:"):
-            inputs += own_weights.get(p.module, []) + draws.get(p.name, [])
-        known = [(rel[i], i) for i in inputs if i in rel]
+            inputs += own_weights.get(p.module, [])
+        # a composite module's error comes from its inputs and what ran inside it (its children), and only
+        # when those carry none, from noise drawn inside it (which the module may multiply by zero)
+        known = [(rel[i], i) for i in inputs + children.get(p.name, []) if i in rel]
+        if p.op.startswith("module:") and carrier and not any(i in forward_names for i in inputs):
+            known.append((rel[carrier], carrier))  # its data came through functional code: what carried error last
+        if not any(e for e, _ in known):
+            known += [(rel[i], i) for i in draws.get(p.name, ()) if i in rel]
         e = error_of(p)
         if e and (not known or max(known)[0] == 0) and (carrier or prev) and p.kind not in (KIND_RNG, KIND_MODEL_INPUT):
             # No input in the graph, or only exact ones while error is already present upstream: the
@@ -122,7 +133,8 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
             known = [(rel[src], src)]
         if e is not None:
             prev = p.name
-            carrier = p.name if (e > 0 and p.kind != KIND_RNG) else carrier
+            if e > 0 and p.kind != KIND_RNG and e >= 0.1 * largest:
+                carrier, largest = p.name, max(largest, e)
         if not known or e is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT):
             # A random draw or a model input consumes nothing: its error is made there, not amplified.
             out.append(p)
@@ -135,28 +147,32 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
     return out, note
 
 
-def _draws_inside(results: Sequence[PairResult]) -> dict[str, list[str]]:
-    """module-level record -> the random draws made during its module call (a module's output depends on
-    the noise drawn inside it, which a module-level graph does not show). Every output of one call
-    (`m:0`, `m:1`) gets them."""
-    out: dict[str, list[str]] = {}
-    last: dict[str, tuple[int, int, list[str]]] = {}   # module path -> (call, order, draws) of its last record
+def _inside_calls(results: Sequence[PairResult]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """For each module-level record, what ran inside its module call: the module records of its subtree
+    (children of a `ModuleList` are grandchildren), and the random draws made there (a module-level graph
+    shows neither). Every output of one call (`m:0`, `m:1`) gets them."""
+    children: dict[str, list[str]] = {}
+    draws: dict[str, list[str]] = {}
+    last: dict[str, tuple[int, int, list[str], list[str]]] = {}   # path -> (call, order, children, draws)
     rngs = [p for p in results if p.kind == KIND_RNG]
-    for p in results:
-        if not p.op.startswith("module:"):
-            continue
+    mods = [p for p in results if p.op.startswith("module:")]
+    for p in mods:
         prev = last.get(p.module)
         if prev is not None and prev[0] == p.call:
-            inside = prev[2]
+            kids, inside = prev[2], prev[3]
         else:
             lo = prev[1] if prev is not None else -1
             prefix = f"{p.module}." if p.module else ""
             inside = [d.name for d in rngs if lo < d.order < p.order
                       and (d.module == p.module or d.module.startswith(prefix))]
+            kids = [m.name for m in mods if lo < m.order < p.order and m.module.startswith(prefix)
+                    and m.module != p.module]
+        if kids:
+            children[p.name] = kids
         if inside:
-            out[p.name] = inside
-        last[p.module] = (p.call, p.order, inside)
-    return out
+            draws[p.name] = inside
+        last[p.module] = (p.call, p.order, kids, inside)
+    return children, draws
 
 
 def _module_weights(weights: Sequence[PairResult], ref_records: Sequence[Record]) -> dict[str, list[str]]:
@@ -206,6 +222,24 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
         p = _classified(p, done, by_name, q_input)
         done[p.name] = p
         out.append(p)
+    return _promote_amplifiers(out, by_name)
+
+
+def _promote_amplifiers(results: list[PairResult], by_name: dict[str, Record]) -> list[PairResult]:
+    """A record within its own noise (relative to near-zero values, say) can pass on more absolute error
+    than the records after it can explain: the divergence starts there. It fails, as the amplifier."""
+    sources = {p.origin: p.name for p in results if p.cause == CAUSE_AMPLIFIED and p.origin != p.name}
+    out = []
+    for p in results:
+        flips = p.angle is not None and p.angle.flips
+        if p.name in sources and not p.failed and not flips:   # an angle's flips are told at its consumer
+            rec = by_name.get(p.name)
+            ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
+            words = explain(rec, ins, p.gain, p.input_rel_err, p.rel_err) if rec is not None else None
+            p = replace(p, status=STATUS_FAIL, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words, reasons=(
+                f"relative error {p.rel_err:.3g} is within its own rounding noise, but the error it passes on "
+                f"makes {sources[p.name]} diverge",))
+        out.append(p)
     return out
 
 
@@ -250,7 +284,9 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
     gain = predicted_gain(rec, ins, _output_index(p.name)) if rec is not None else 2.0
     e_in = p.input_rel_err or 0.0
-    local = (p.rounding or 0.0) * LOCAL_UNITS
+    if rec is not None and not ins and family(rec.op) in _DATA_CONDITIONED:
+        gain = HUGE_GAIN   # its input came through code no record shows: its conditioning is unknown
+    local = (p.rounding or 0.0) * LOCAL_UNITS * _reduction_rounding(rec)
     # Inputs that already differ by more than INPUTS_DIFFER carry other data: nothing downstream of them can
     # be told apart from what they bring (a record whose reference is ~0 would otherwise "own" a huge error).
     if e is None or src is None or (e > OWN_MARGIN * max(local, gain * e_in) and e_in < INPUTS_DIFFER):
@@ -266,6 +302,9 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
             f"the other side of the cut (a jump of 2π); it matches modulo 2π, but {p.name} uses the raw angle "
             "(feed the network cos/sin of the phase, or the unwrapped phase, to make it continuous)"))
     if not src.failed:
+        if p.gain is not None and p.gain < 1.0 and src.kind not in WEIGHT_KINDS and not (src.angle and src.angle.flips):
+            # it carries less relative error than its input: the amplification happened in that input
+            return replace(p, cause=CAUSE_AMPLIFIED, origin=src.name)
         flips = int(p.metrics.get("mismatches") or 0) if p.method == METHOD_EXACT else None
         words = explain(rec, ins, p.gain, e_in, e, flips) if rec is not None else None
         return replace(p, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words)
@@ -274,16 +313,34 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)
 
 
+def _reduction_rounding(rec: Record | None) -> float:
+    """A normalisation's mean over n values accumulates ~sqrt(n) roundings (and it is then divided by the
+    channel's spread): the factor its own rounding may reach over one op's."""
+    if rec is None or family(rec.op) != "norm" or not rec.shape:
+        return 1.0
+    return math.sqrt(max(1, rec.shape[-1]))
+
+
 def _output_index(name: str) -> int:
     m = NAME_RE.match(name)
     out = m.group("output") if m else None
     return int(out) if out and out.isdigit() else 0
 
 
-def first_divergence(failing: Sequence[PairResult]) -> PairResult | None:
-    """The first failing record whose error is its own or a weight's; else the first amplifier, the first
-    random draw, the first failing record."""
-    for causes in ((CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_QUANTIZED), (CAUSE_AMPLIFIED,), (CAUSE_RANDOM,)):
+def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult] = (),
+                     forward: Sequence[PairResult] = ()) -> PairResult | None:
+    """Where it goes wrong. When a model output fails, the record its error came from (its `origin`); else the
+    first failing record whose error is its own, a weight's or quantization's; then the first amplifier, the
+    first random draw, the first failing record."""
+    own_causes = (CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_QUANTIZED)
+    by_name = {p.name: p for p in forward}
+    first_own = next((p for p in failing if p.cause in own_causes), None)
+    for o in outputs:
+        src = by_name.get(o.origin or "") if o.failed else None
+        # an earlier error of its own (a bug) still comes first: the output's error may come through it too
+        if src is not None and src in failing and (first_own is None or first_own.order >= src.order):
+            return src
+    for causes in (own_causes, (CAUSE_AMPLIFIED,), (CAUSE_RANDOM,)):
         hit = next((p for p in failing if p.cause in causes), None)
         if hit is not None:
             return hit

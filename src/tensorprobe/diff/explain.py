@@ -122,8 +122,9 @@ def predicted_gain(rec: Record, inputs: Sequence[Record], output_index: int = 0)
         return max(2.0, _near_zero_gain(den))
     if fam == "angle":
         return max(1.0, min(HUGE_GAIN, max(_near_zero_gain(d.stats) for d in data)))
-    if fam == "norm":
-        return norm_gain(x, rec.stats, output_index)
+    if fam == "norm":   # per channel, the conditioning can reach max|x|/sqrt(eps): blame nothing below it
+        return max(norm_gain(x, rec.stats, output_index),
+                   min(HUGE_GAIN, float(x.absmax or 0.0) / math.sqrt(NORM_EPS)))
     if fam == "sum":
         return max(1.0, min(HUGE_GAIN, sum(rms(d.stats) or 0.0 for d in data) / max(out, tiny)))
     if fam == "linear":

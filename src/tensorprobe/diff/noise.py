@@ -144,7 +144,7 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
     has_graph = any(r.inputs for r in refs if r.kind not in WEIGHT_KINDS)
     by_name: dict[str, Record] = {}
     out: dict[str, Noise] = {}
-    inside: dict[str, float] = {}      # module path -> largest expected noise inside its current call
+    inside: dict[str, float] = {}      # module path -> largest absolute expected error inside its current call
     taken: dict[str, tuple[int, float]] = {}  # module path -> (call, inside) of its last module record
     running = latest = 0.0
     for r in refs:
@@ -175,9 +175,18 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
         if r.op.startswith("module:"):  # every output of one call (`m:0`, `m:1`) sees what ran inside it
             if taken.get(r.module, (None,))[0] != r.call:
                 taken[r.module] = (r.call, inside.pop(r.module, 0.0))
-            terms.append(taken[r.module][1])
-            rounding = max(rounding, taken[r.module][1])  # a composite's own arithmetic is what ran inside it
-        prop = math.sqrt(sum(t * t for t in terms)) if _adds(r) else max(terms, default=0.0)
+            within = taken[r.module][1] / (rms(r.stats) or 1.0)   # relative to this output's size
+            terms.append(within)
+            rounding = max(rounding, within)  # a composite's own arithmetic is what ran inside it
+        if _adds(r):
+            prop = math.sqrt(sum(t * t for t in terms))
+        else:
+            # an op or composite module of unknown arithmetic keeps its inputs' relative error (a product, a
+            # copy) or their absolute error (x·(1+γ) + β around a near-zero x): whichever is smaller
+            absolute = _magnitude_weighted(r, ins, out) if r.op.startswith("module:") else None
+            prop = max(terms, default=0.0)
+            if absolute is not None:
+                prop = min(prop, absolute)
         expected = min(math.sqrt(rounding * rounding + prop * prop), HUGE_GAIN)
         # A normalisation's mean and inverse std (native norms' outputs 1 and 2) are kept for the backward pass
         # and read by nothing in the forward; their per-channel conditioning is beyond tensor statistics.
@@ -186,10 +195,20 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
         running, latest = max(running, expected), expected
         parts = r.module.split(".") if r.module else []
         level = len(parts) - (1 if r.op.startswith("module:") else 0)
+        size = expected * (rms(r.stats) or 0.0)
         for k in range(level, -1, -1):   # the record is inside every enclosing module's call
             path = ".".join(parts[:k])
-            inside[path] = max(inside.get(path, 0.0), expected)
+            inside[path] = max(inside.get(path, 0.0), size)
     return out
+
+
+def _magnitude_weighted(r: Record, ins: list[Record], noise: Mapping[str, "Noise"]) -> float | None:
+    """sqrt(sum (rms(i) · expected(i))^2) / rms(r): the inputs' absolute errors carried at unit gain."""
+    out = rms(r.stats)
+    if not out:
+        return None
+    terms = [(rms(i.stats) or 0.0) * noise[i.name].expected for i in ins if i.name in noise]
+    return math.sqrt(sum(t * t for t in terms)) / out if terms else None
 
 
 _PRODUCTS = frozenset({"mul", "div", "Mul", "Div", "prod", "true_divide", "addcmul", "addcdiv"})

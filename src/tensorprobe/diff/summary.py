@@ -161,7 +161,7 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
                 "are computed with quantized arithmetic. Judge the port by its outputs (or with --min-snr)."
                 if p.explanation else "")
     if p.cause == CAUSE_AMPLIFIED:
-        g = f" ({gain_words(p.gain)})" if p.gain is not None else ""
+        g = f" ({gain_words(p.gain)})" if p.gain is not None and p.gain >= 1 else ""
         words = f": {p.explanation}" if p.explanation else ""
         return (f" No record adds error of its own: its inputs differ only by rounding noise, which it "
                 f"amplifies{g}{words}.")
