@@ -106,45 +106,60 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
     """Fill `input_rel_err`, `input_name` and `gain` of every pair compared by value."""
     rel = {p.name: error_of(p, passed_on=True) for p in list(weights) + list(results)
            if error_of(p, passed_on=True) is not None}
-    graph = {r.name: r.inputs for r in ref_records}
-    has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
-    own_weights = _module_weights(weights, ref_records)
-    children, draws = _inside_calls(results)
-    forward_names = {r.name for r in ref_records if r.kind in (KIND_OUTPUT, KIND_RNG)}
+    sources = _InputSources(results, weights, ref_records)
     # carrier: the latest record (not a random draw) whose error is comparable to the largest so far: the
     # main data path, not a side computation (a style projection carries 1e-7 where the signal carries 1e-4)
     out, prev, carrier, largest = [], None, None, 0.0
     for p in results:
-        inputs = list(graph.get(p.name, ()) if has_graph else ((prev,) if prev else ()))
-        if p.op.startswith("module:"):
-            inputs += own_weights.get(p.module, [])
-        # a composite module's error comes from its inputs and what ran inside it (its children), and only
-        # when those carry none, from noise drawn inside it (which the module may multiply by zero)
-        known = [(rel[i], i) for i in inputs + children.get(p.name, []) if i in rel]
-        if p.op.startswith("module:") and carrier and not any(i in forward_names for i in inputs):
-            known.append((rel[carrier], carrier))  # its data came through functional code: what carried error last
-        if not any(e for e, _ in known):
-            known += [(rel[i], i) for i in draws.get(p.name, ()) if i in rel]
         e = error_of(p)
-        if e and (not known or max(known)[0] == 0) and (carrier or prev) and p.kind not in (KIND_RNG, KIND_MODEL_INPUT):
-            # No input in the graph, or only exact ones while error is already present upstream: the
-            # tensor that carried it was made outside any captured record (module-level capture).
-            src = carrier or prev
-            known = [(rel[src], src)]
+        known = sources.errors(p, rel, carrier, prev) if p.kind not in (KIND_RNG, KIND_MODEL_INPUT) else []
         if e is not None:
             prev = p.name
             if e > 0 and p.kind != KIND_RNG and e >= 0.1 * largest:
                 carrier, largest = p.name, max(largest, e)
-        if not known or e is None or p.kind in (KIND_RNG, KIND_MODEL_INPUT):
+        if not known or e is None:
             # A random draw or a model input consumes nothing: its error is made there, not amplified.
             out.append(p)
             continue
         rin, name = max(known)
         gain = e / rin if rin > 0 else (math.inf if e > 0 else None)
         out.append(replace(p, input_rel_err=rin, input_name=name, gain=gain if p.method != METHOD_STATS else None))
-    note = None if has_graph or not results else (
+    note = None if sources.has_graph or not results else (
         "the reference bundle has no op graph (Record.inputs): error gain uses the previous record as input")
     return out, note
+
+
+class _InputSources:
+    """What a record was computed from, as far as the bundles tell, in order of evidence: its op graph
+    inputs (weights included; a module-level record also reads its module's weights), the records computed
+    inside its module call, then, when none of those carry error, its data's path through code no record
+    shows (the main path's latest error), then the noise drawn inside its call."""
+
+    def __init__(self, results: Sequence[PairResult], weights: Sequence[PairResult], ref_records: Sequence[Record]):
+        self.graph = {r.name: r.inputs for r in ref_records}
+        self.has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
+        self.own_weights = _module_weights(weights, ref_records)
+        self.children, self.draws = _inside_calls(results)
+        self.forward = {r.name for r in ref_records if r.kind in (KIND_OUTPUT, KIND_RNG)}
+
+    def errors(self, p: PairResult, rel: dict[str, float], carrier: str | None,
+               prev: str | None) -> list[tuple[float, str]]:
+        """(relative error, name) of the inputs of `p` whose error is known."""
+        inputs = list(self.graph.get(p.name, ()) if self.has_graph else ((prev,) if prev else ()))
+        module_level = p.op.startswith("module:")
+        if module_level:
+            inputs += self.own_weights.get(p.module, []) + self.children.get(p.name, [])
+        known = [(rel[i], i) for i in inputs if i in rel]
+        if module_level and carrier and not any(i in self.forward for i in self.graph.get(p.name, ())):
+            known.append((rel[carrier], carrier))   # its data came through functional code
+        if not any(e for e, _ in known):
+            known += [(rel[i], i) for i in self.draws.get(p.name, ()) if i in rel]
+        if error_of(p) and not any(e for e, _ in known) and (carrier or prev):
+            # only exact inputs while error is already present upstream: the tensor that carried it was made
+            # outside any captured record (code between the modules of a module-level capture)
+            src = carrier or prev
+            known = [(rel[src], src)]
+        return known
 
 
 def _inside_calls(results: Sequence[PairResult]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
