@@ -1,7 +1,7 @@
 """`tensorprobe isolate REF_TARGET CAND_TARGET`: a thin wrapper over `tensorprobe.isolate`.
 
-Exit codes: 0 no layer fails on its own (accumulated drift alone is reported, not a finding),
-1 some layer's local error fails the criteria, 2 bad input. JSON schema: docs/json-isolate.md.
+Exit codes: 0 no module call fails on its own (accumulated drift alone is reported, not a finding),
+1 some module call's local error fails the criteria (an isolated one, or one found above them), 2 bad input. JSON schema: docs/json-isolate.md.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def isolate_cmd(
     atol: Optional[float] = typer.Option(None, "--atol", help="Element-wise absolute tolerance."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Element-wise relative tolerance (x |ref|)."),
     min_corr: Optional[float] = typer.Option(None, "--min-corr", help="Minimum Pearson correlation."),
-    min_snr: Optional[float] = typer.Option(None, "--min-snr", help="Minimum SNR in dB (default 60 when no "
-                                                                    "criterion is given)."),
+    min_snr: Optional[float] = typer.Option(None, "--min-snr", help="Minimum SNR in dB. With no criterion "
+                                                                    "given, differences within each module's "
+                                                                    "rounding noise pass (as in diff)."),
     replay_rng: str = typer.Option("auto", "--replay-rng", help="Randomness for the candidate: auto, state "
                                                                "(generator state), tensors (recorded noise), off."),
     no_accumulated: bool = typer.Option(False, "--no-accumulated", help="Skip the candidate's own run "
@@ -44,7 +45,9 @@ def isolate_cmd(
     json_out: bool = JsonOption,
 ) -> None:
     """Is a layer wrong, or inheriting error? Runs each CAND module on REF's recorded inputs (local error)
-    beside the two models' own runs (accumulated error). Exits 1 when a layer fails on its own."""
+    beside the two models' own runs (accumulated error). When no isolated module explains where the
+    accumulated error starts, runs the module calls around it alone, up the tree, and names the one whose
+    own code is wrong. Exits 1 when a module call fails on its own."""
     try:
         if replay_rng not in _RNG_CHOICES:
             raise InputError(f"--replay-rng must be one of {', '.join(_RNG_CHOICES)}, got {replay_rng!r}")
@@ -53,7 +56,7 @@ def isolate_cmd(
                          min_corr=min_corr, min_snr=min_snr, accumulated=not no_accumulated,
                          replay_rng=_RNG_CHOICES[replay_rng], **r.kwargs)
         if html is not None:
-            from ..isolate_html import write_isolate_html
+            from ..isolate.html import write_isolate_html
             write_isolate_html(report, html, title=f"{ref} vs {cand}")
     except TensorprobeError as e:
         fail(str(e))
@@ -104,6 +107,8 @@ def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = Fals
         last = i
     if rows:
         out.print(table)
+    if report.ascent is not None:
+        _render_ascent(out, report)
     for x in report.layers:
         if x.note and (show_all or x.verdict != "ok"):
             out.print(f"  [dim]{escape(x.name)}: {escape(x.note)}[/]")
@@ -112,6 +117,31 @@ def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = Fals
     rng = {"state": "generator state restored per call", "tensors": "recorded noise replayed"}.get(report.rng or "")
     if rng and report.noise_replayed:
         out.print(f"  randomness: {rng} ({report.noise_replayed})")
+
+
+def _render_ascent(out: Console, report: IsolateReport) -> None:
+    """The module calls run alone above the isolated ones, innermost first, and what the answer reads."""
+    a = report.ascent
+    table = Table(show_edge=False, pad_edge=False, title_justify="left",
+                  title=f"above the isolated modules, from {a.start}: {len(a.tested)} module calls run alone "
+                        f"({a.passes} pass{'es' if a.passes != 1 else ''})")
+    table.add_column("module call", overflow="fold", min_width=20)
+    table.add_column("type", no_wrap=True)
+    table.add_column("local SNR", justify="right", no_wrap=True)
+    table.add_column("local rel", justify="right", no_wrap=True)
+    table.add_column("alone", no_wrap=True)
+    for x in a.tested:
+        alone = LOCAL if x.local_fails else ("ok" if x.local is not None else "unknown")
+        table.add_row(escape(x.name), escape(x.module_type), _snr(x.local), _rel(x.local),
+                      f"[{_STYLE.get(alone, '')}]{'fails' if alone == LOCAL else alone}[/]")
+    out.print(table)
+    if a.found is not None and a.direct_params:
+        out.print(f"  {escape(a.found)} reads directly: {escape(', '.join(a.direct_params))}")
+    for name, rel in a.differing_params:
+        words = "another shape" if rel is None else f"relative error {rel:.3g}"
+        out.print(f"  [bold red]{escape(name)}[/] differs from the reference's ({words})")
+    for n in a.notes:
+        out.print(f"  note: {escape(n)}")
 
 
 def _rows(report: IsolateReport, show_all: bool, context: int) -> list[int]:

@@ -24,7 +24,6 @@ VERDICT_DIVERGED = "diverged"
 VERDICT_CONSISTENT = "consistent"       # nothing compared element-wise; the statistics show no divergence
 VERDICT_EMPTY = "nothing_compared"
 
-DEFAULT_MIN_SNR = 60.0  # dB: relative L2 error 1e-3 (isolate's default; diff's default is the noise rule)
 
 
 def jfloat(v: Any) -> Any:
@@ -56,13 +55,6 @@ class Criteria:
     def noise(self) -> bool:
         """No threshold given: differences are judged against each record's rounding-noise floor."""
         return all(v is None for v in (self.atol, self.rtol, self.min_corr, self.min_snr))
-
-    def resolved(self, default_min_snr: float | None = None) -> "Criteria":
-        """These criteria; with none given, `min_snr=default_min_snr` when one is passed (isolate), else
-        unchanged (the noise rule)."""
-        if self.noise and default_min_snr is not None:
-            return Criteria(min_snr=default_min_snr)
-        return self
 
     @property
     def elementwise(self) -> bool:

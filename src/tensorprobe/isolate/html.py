@@ -15,8 +15,8 @@ from pathlib import Path
 
 from jinja2 import Environment, select_autoescape
 
-from .bundle import atomic_write_bytes
-from .isolate import IsolateReport
+from ..bundle import atomic_write_bytes
+from . import IsolateReport
 
 SNR_CAP = 160.0
 
@@ -41,6 +41,16 @@ _TEMPLATE = """<!DOCTYPE html>
 <p class="muted">criteria: {{ criteria }}; runner: {{ r.runner }}; randomness: {{ r.rng or "not replayed" }};
 {{ r.layers | length }} module calls in {{ "%.2f" | format(r.seconds) }} s</p>
 {% for n in r.notes %}<p class="muted">{{ n }}</p>{% endfor %}
+{% if r.ascent %}<h2>Above the isolated modules</h2>
+<p class="muted">No isolated module explained where the accumulated error starts ({{ r.ascent.start }}): these
+module calls around it ran alone on the reference's inputs, innermost first.</p>
+<table id="ascent"><tr><th>module call</th><th>type</th><th>local SNR dB</th><th>local rel err</th><th>alone</th></tr>
+{% for x in r.ascent.tested %}<tr class="v-{{ 'local' if x.local_fails else 'ok' }}"><td><code>{{ x.name }}</code></td>
+<td>{{ x.module_type }}</td><td class="n">{{ snr(x.local) }}</td><td class="n">{{ rel(x.local) }}</td>
+<td class="v">{{ "fails" if x.local_fails else "passes" }}</td></tr>
+{% endfor %}</table>
+{% if r.ascent.direct_params %}<p>{{ r.ascent.found }} reads directly: {% for p in r.ascent.direct_params %}<code>{{ p }}</code> {% endfor %}</p>{% endif %}
+{% endif %}
 <h2>Error per layer</h2>
 <p class="muted">Accumulated: the candidate's own run against the reference. Local: each candidate layer run on
 the reference's inputs. SNR of identical tensors is drawn at {{ cap }} dB.</p>
@@ -61,7 +71,7 @@ def render_isolate_html(report: IsolateReport, *, title: str = "") -> str:
     """The page as a string (see module docstring)."""
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     verdict = "local" if report.found else ("inherited" if report.first_accumulated else "ok")
-    words = {"local": "A LAYER IS WRONG ON ITS OWN", "inherited": "ERROR ACCUMULATES, NO LAYER WRONG ALONE",
+    words = {"local": "A MODULE IS WRONG ON ITS OWN" if report.first_local is None else "A LAYER IS WRONG ON ITS OWN", "inherited": "ERROR ACCUMULATES, NO LAYER WRONG ALONE",
              "ok": "MATCH"}[verdict]
     crit = report.criteria.describe()
     return env.from_string(_TEMPLATE).render(
@@ -92,7 +102,7 @@ def _rel(m: dict | None) -> str:
 
 
 def _plot(report: IsolateReport) -> str:
-    from .report.plots import figure_to_data_uri, new_figure
+    from ..report.plots import figure_to_data_uri, new_figure
 
     fig, ax = new_figure(10.0, 3.6)
     x = list(range(len(report.layers)))

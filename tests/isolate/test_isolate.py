@@ -16,7 +16,7 @@ from tensorprobe.cli import app
 from tensorprobe.errors import InputError
 from tensorprobe.isolate import (INHERITED, LOCAL, OK, UNKNOWN, ModuleCall, ModuleRunner, isolate,
                                  local_snr_from_json, select_modules)
-from tensorprobe.isolate_html import write_isolate_html
+from tensorprobe.isolate.html import write_isolate_html
 
 PERTURBED = "decode.1.conv1x1"
 
@@ -88,11 +88,15 @@ def test_kokoro_float64_candidate_replays_recorded_noise_and_blames_code_between
     # float64 draws other noise than float32 from the same state: the recorded tensors are replayed.
     assert r.rng == "tensors" and r.noise_replayed == 3
     assert r.layer("generator.m_source:0").local["snr_db"] > 80
-    # Every module is right on its own; the error enters in the STFT between m_source and noise_convs.0
-    # (functional code, not a module), so noise_convs.0 fails only by inheritance.
+    # Every module is right on its own. The accumulated error starts at noise_convs.0, behind the STFT the
+    # generator computes between m_source and noise_convs.0 (functional code): isolate looks above, runs the
+    # generator alone on the reference's inputs, and finds it within its own float32 rounding (measured):
+    # float64 against float32 is no bug, the phase of the sine source amplifies rounding.
     assert not r.found and r.first_accumulated == "generator.noise_convs.0"
     assert r.layer("generator.noise_convs.0").verdict == INHERITED
-    assert "enters outside the isolated modules" in r.summary()
+    assert r.ascent is not None and r.ascent.found is None
+    assert "generator" in [x.module for x in r.ascent.tested]
+    assert "no module fails alone" in r.summary()
     fresh = isolate(ref, cand, *inputs, modules=mods, replay_rng=False)
     assert fresh.first_local == "generator.m_source:0"
 
@@ -109,10 +113,14 @@ class MLP(torch.nn.Module):
         return self.out(self.act(self.inp(x)))
 
 
-def test_lower_precision_candidate_fails_locally_at_its_first_layer():
+def test_lower_precision_candidate_is_noise_by_default_and_fails_a_threshold_at_its_first_layer():
     ref = MLP()
     cand = copy.deepcopy(ref).to(torch.bfloat16)
-    r = isolate(ref, cand, torch.randn(8, 16))
+    x = torch.randn(8, 16)
+    default = isolate(ref, cand, x)
+    assert not default.found and default.criteria.noise   # bfloat16 rounding is what a bfloat16 port does
+    assert default.layer("inp").local["noise_floor"] == pytest.approx(32 * 2.0 ** -8)
+    r = isolate(ref, cand, x, min_snr=60)
     assert r.first_local == "inp" and r.layer("inp").cand_dtype == "bfloat16"
     assert 20 < r.layer("inp").local["snr_db"] < 60  # bfloat16 has 8 mantissa bits: ~45-50 dB
     assert r.layer("inp").accumulated["snr_db"] == pytest.approx(r.layer("inp").local["snr_db"])
@@ -236,7 +244,7 @@ def test_html_report_escapes_names(tmp_path):
 
     ref = Evil()
     cand = copy.deepcopy(ref).to(torch.bfloat16)
-    r = isolate(ref, cand, torch.randn(2, 3))
+    r = isolate(ref, cand, torch.randn(2, 3), min_snr=60)
     page = write_isolate_html(r, tmp_path / "iso.html").read_text()
     assert "<script>x</script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
     assert 'id="layer-plot"' in page and "data:image/png;base64," in page

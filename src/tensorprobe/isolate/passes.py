@@ -22,34 +22,42 @@ Randomness, two ways:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .bundle import Bundle
-from .diff.core import judge
-from .diff.metrics import accumulate, evaluate
-from .diff.result import Criteria
-from .errors import TensorprobeError
-from .record import module_label, record_name
-from .hooks import module_hooks
+from ..bundle import Bundle
+from ..diff.core import judge
+from ..diff.metrics import accumulate, evaluate
+from ..diff.result import Criteria
+from ..errors import TensorprobeError
+from ..record import module_label, record_name
+from ..hooks import module_hooks
+from .noise import RoundingFloors, dtype_str, rounding_units
 
 _EPS32 = 1.1920929e-07
 RNG_STATE = "state"
 RNG_TENSORS = "tensors"
 
 
-def compare_tensors(ref: torch.Tensor, cand: torch.Tensor, criteria: Criteria) -> tuple[dict, tuple[str, ...]]:
-    """diff's metrics and verdict reasons for one pair of tensors (float64 accumulation)."""
+def compare_tensors(ref: torch.Tensor, cand: torch.Tensor, criteria: Criteria,
+                    noise_floor: Callable[[float | None], float | None] | None = None) -> tuple[dict, tuple[str, ...]]:
+    """diff's metrics and verdict reasons for one pair of tensors (float64 accumulation).
+
+    Under the noise rule (no threshold in `criteria`) `noise_floor(rel_l2_err)` gives the pair's rounding
+    floor (`isolate.noise`); without one, nothing fails but non-finite mismatches."""
     r, c = ref.detach(), cand.detach()
     if r.device.type != "cpu" or c.device.type != "cpu":
         r, c = r.cpu(), c.cpu()
     sums = accumulate(r, c, floor=_floor(r), atol=(criteria.atol or 0.0) if criteria.elementwise else math.inf,
                       rtol=criteria.rtol or 0.0)
     metrics = evaluate(sums)
-    return metrics, tuple(judge(metrics, sums, criteria))
+    floor = noise_floor(metrics.get("rel_l2_err")) if (criteria.noise and noise_floor is not None) else None
+    if floor is not None:
+        metrics["noise_floor"] = floor
+    return metrics, tuple(judge(metrics, sums, criteria, floor))
 
 
 def _floor(r: torch.Tensor) -> float:
@@ -63,8 +71,6 @@ def _floor(r: torch.Tensor) -> float:
     return max(_EPS32 * a, 1e-30)
 
 
-def dtype_str(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -94,7 +100,7 @@ class NoiseTap(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        from .capture import RNG_OPS, op_base_name
+        from ..capture import RNG_OPS, op_base_name
         self._rng_ops, self._base = RNG_OPS, op_base_name
         self.noise: list[torch.Tensor] = []
         self.paused = False
@@ -198,15 +204,82 @@ def _eq(x: Any, y: Any) -> bool:
 # Reference pass
 
 
+class CallSpan:
+    """One module call of the reference run: where it starts and ends in the sequence of call events, and
+    the call that encloses it."""
+
+    __slots__ = ("path", "call", "enter", "exit", "parent")
+
+    def __init__(self, path: str, call: int, enter: int, parent: int | None):
+        self.path, self.call, self.enter, self.parent = path, call, enter, parent
+        self.exit = -1
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.path, self.call
+
+    def __repr__(self) -> str:
+        return f"CallSpan({self.path!r}@{self.call}, {self.enter}..{self.exit})"
+
+
+class CallTrace:
+    """Every module call of the reference run, nested (for looking above the isolated modules)."""
+
+    def __init__(self) -> None:
+        self.spans: list[CallSpan] = []
+        self.index: dict[tuple[str, int], int] = {}
+        self._calls: dict[str, int] = {}
+        self._stack: list[int] = []
+        self._seq = 0
+
+    def enter(self, path: str) -> None:
+        call = self._calls.get(path, -1) + 1
+        self._calls[path] = call
+        span = CallSpan(path, call, self._seq, self._stack[-1] if self._stack else None)
+        self._seq += 1
+        self.index[span.key] = len(self.spans)
+        self._stack.append(len(self.spans))
+        self.spans.append(span)
+
+    def leave(self, path: str) -> None:
+        while self._stack and self.spans[self._stack[-1]].path != path:
+            self._stack.pop()   # a call that raised
+        if self._stack:
+            self.spans[self._stack.pop()].exit = self._seq
+            self._seq += 1
+
+    def span(self, path: str, call: int) -> CallSpan | None:
+        i = self.index.get((path, call))
+        return None if i is None else self.spans[i]
+
+    def within(self, outer: CallSpan) -> list[CallSpan]:
+        """The calls made inside `outer` (at any depth)."""
+        return [s for s in self.spans if outer.enter < s.enter and s.exit < outer.exit]
+
+    def children(self, outer: CallSpan) -> list[CallSpan]:
+        i = self.index[outer.key]
+        return [s for s in self.spans if s.parent == i]
+
+
 class ReferencePass:
-    """Reference forward with hooks; fills `layers` (local error) and `outputs` (kept for accumulated)."""
+    """Reference forward with hooks; fills `layers` (local error) and `outputs` (kept for accumulated).
+
+    `only`: compare only these (path, call) pairs (the other calls of those paths run untouched);
+    `stop_at_local`: once a call fails locally, run no more candidates (isolate's ascent: calls complete
+    innermost first, so the first failure is the smallest); `trace`: record every module call of the run.
+    """
 
     def __init__(self, model: torch.nn.Module, paths: list[str], runner: Any, criteria: Criteria,
-                 *, keep: bool, rng: str | None, own: dict[tuple[str, int], OwnCall] | None = None):
-        from .isolate import ModuleCall
+                 *, keep: bool, rng: str | None, own: dict[tuple[str, int], OwnCall] | None = None,
+                 floors: RoundingFloors | None = None, only: set[tuple[str, int]] | None = None,
+                 stop_at_local: bool = False, trace: bool = False):
+        from . import ModuleCall
         self.call_type = ModuleCall
         self.model, self.paths, self.runner, self.criteria = model, paths, runner, criteria
         self.keep, self.rng = keep, rng
+        self.floors = floors or RoundingFloors(criteria)
+        self.only, self.stop_at_local = only, stop_at_local
+        self.trace = CallTrace() if trace else None
         self.layers: list[Any] = []
         self.outputs: dict[str, torch.Tensor] = {}
         self.calls: dict[str, int] = {}
@@ -217,6 +290,7 @@ class ReferencePass:
         self.busy = False   # running the candidate: a module shared by both models must not re-enter
         self.own = own      # the candidate's own run per call (record_candidate), when it ran first
         self.reused = 0     # module calls whose local result is the candidate's own (identical inputs)
+        self.failed: tuple | None = None  # (module, path, call, args, kwargs) of the first local failure
 
     @property
     def noise(self) -> list[torch.Tensor]:
@@ -227,13 +301,27 @@ class ReferencePass:
         if initial_state is not None:
             set_rng_state(initial_state)
         self.initial_state = rng_state()
-        with module_hooks(((p, named[p]) for p in self.paths), pre=self._pre, post=self._post, pre_kwargs=True,
-                          always_call=True), torch.no_grad():
+        traced = ((p, m) for p, m in named.items() if not _is_container(m)) if self.trace is not None else ()
+        with module_hooks(traced, pre=self._trace_enter, post=self._trace_leave, always_call=True), \
+                module_hooks(((p, named[p]) for p in self.paths), pre=self._pre, post=self._post, pre_kwargs=True,
+                             post_kwargs=True, always_call=True), torch.no_grad():
             if self.tap is not None:
                 with self.tap:
                     self.model(*inputs, **kwinputs)
             else:
                 self.model(*inputs, **kwinputs)
+
+    def _trace_enter(self, path: str):
+        def hook(module, args):
+            if not self.busy:
+                self.trace.enter(path)
+        return hook
+
+    def _trace_leave(self, path: str):
+        def hook(module, args, output):
+            if not self.busy:
+                self.trace.leave(path)
+        return hook
 
     def _pre(self, path: str):
         def hook(module, args, kwargs):
@@ -241,9 +329,14 @@ class ReferencePass:
                 return
             call = self.calls.get(path, -1) + 1
             self.calls[path] = call
-            state = rng_state() if self.rng == RNG_STATE else None
+            if (self.only is not None and (path, call) not in self.only) or self.failed is not None \
+                    and self.stop_at_local:
+                self.frames.append((path, call, None, None, 0, None, None, None))   # not compared
+                return
+            state = rng_state() if self.rng != RNG_TENSORS else None   # also to re-run it for its rounding
             entry = self.own.pop((path, call), None) if self.own is not None else None
-            if entry is not None and same_inputs(self.runner, path, entry, args, kwargs, state):
+            if entry is not None and same_inputs(self.runner, path, entry, args, kwargs,
+                                                 state if self.rng == RNG_STATE else None):
                 # The candidate's own call saw exactly these inputs: its output is the local result.
                 self.frames.append((path, call, None, None, len(self.noise), state, entry, True))
                 return
@@ -252,7 +345,7 @@ class ReferencePass:
         return hook
 
     def _post(self, path: str):
-        def hook(module, args, output):
+        def hook(module, args, kwargs, output):
             if self.busy:
                 return
             while self.frames and self.frames[-1][0] != path:
@@ -260,49 +353,63 @@ class ReferencePass:
             if not self.frames:
                 return
             _, call, cargs, ckwargs, n0, state, entry, reuse = self.frames.pop()
+            if reuse is None or output is None or (self.stop_at_local and self.failed is not None):
+                return
             mtype = type(module).__name__
+            drew = state is not None and not same_state(state, rng_state())
+            replay = _Replay(self, state, drew, n0)
             if reuse:
                 self.reused += 1
-                self._compare(path, call, mtype, output, entry.outputs, None, own=entry, reused=True)
+                inputs = (args, kwargs)   # the reference's own (the candidate's were cast to its dtype)
+                self._compare(module, path, call, mtype, output, entry.outputs, None, inputs, replay,
+                              own=entry, reused=True)
                 return
             noise = tuple(self.noise[n0:])
-            cand_out, note = self._run_candidate(path, call, self.call_type(cargs, ckwargs, noise), state)
-            self._compare(path, call, mtype, output, cand_out, note, own=entry)
+            replayed = state if self.rng == RNG_STATE else None
+            cand_out, note = self._run_candidate(path, call, self.call_type(cargs, ckwargs, noise), replayed,
+                                                 drew and replayed is not None)
+            self._compare(module, path, call, mtype, output, cand_out, note, (cargs, ckwargs), replay, own=entry)
         return hook
 
-    def _run_candidate(self, path: str, call: int, inputs: Any, state: tuple | None) -> tuple[Any, str | None]:
+    def _run_candidate(self, path: str, call: int, inputs: Any, state: tuple | None,
+                       drew: bool) -> tuple[Any, str | None]:
         if not self.runner.has(path):
             return None, f"the candidate ({self.runner.name}) has no module {module_label(path)}"
         after = rng_state() if state is not None else None
-        drew = state is not None and not same_state(state, after)
         if drew:
             self.rng_calls += 1
             set_rng_state(state)  # the candidate's module draws what the reference drew in this call
-        self.busy = True
-        if self.tap is not None:
-            self.tap.paused = True
         try:
-            with torch.no_grad():
+            with self.paused(), torch.no_grad():
                 return self.runner.run(path, call, inputs), None
         except TensorprobeError as e:
             return None, f"replay failed: {e}"
         except Exception as e:  # the candidate's own code fails on the reference inputs: report, go on
             return None, f"the candidate's module raised {type(e).__name__}: {e}"
         finally:
-            self.busy = False
-            if self.tap is not None:
-                self.tap.paused = False
             if drew:
                 set_rng_state(after)
 
-    def _compare(self, path: str, call: int, mtype: str, ref_out: Any, cand_out: Any, note: str | None,
-                 own: OwnCall | None = None, reused: bool = False) -> None:
-        from .isolate import LayerError
+    def paused(self) -> "_Paused":
+        """While running something other than the reference's own forward: no hooks, no noise recorded."""
+        return _Paused(self)
+
+    def _compare(self, module: torch.nn.Module, path: str, call: int, mtype: str, ref_out: Any, cand_out: Any,
+                 note: str | None, inputs: tuple, replay: "_Replay", own: OwnCall | None = None,
+                 reused: bool = False) -> None:
+        from . import LayerError
         refs = [t for t in tree_flatten(ref_out)[0] if isinstance(t, torch.Tensor)]
         owns = own.outputs if own is not None and own.outputs is not None and len(own.outputs) == len(refs) else None
         cands = [t for t in tree_flatten(cand_out)[0] if isinstance(t, torch.Tensor)] if cand_out is not None else None
         if cands is not None and len(cands) != len(refs):
             note, cands = f"the candidate returned {len(cands)} tensors, the reference {len(refs)}", None
+        measured: list = []
+
+        def units(i: int) -> float | None:   # the reference module's rounding on these inputs, measured once
+            if not measured:
+                measured.extend(self._measure(module, inputs, refs, replay))
+            return measured[i]
+
         for i, r in enumerate(refs):
             name = record_name(path, call, output=i if len(refs) > 1 else None)
             c = cands[i] if cands is not None else None
@@ -311,17 +418,77 @@ class ReferencePass:
                 lnote = f"shape {tuple(r.shape)} vs candidate {tuple(c.shape)}"
                 reasons = (lnote,)
             elif c is not None:
-                local, reasons = compare_tensors(r, c, self.criteria)
+                local, reasons = compare_tensors(
+                    r, c, self.criteria, lambda rel, r=r, c=c, i=i: self.floors.local(rel, r, c, module,
+                                                                                      lambda: units(i)))
             acc: dict = {}
             if owns is not None:
-                pair = (local, reasons, dtype_str(c)) if reused else _pair(r, owns[i], self.criteria, dtype_str(owns[i]))
+                pair = (local, reasons, dtype_str(c)) if reused else _pair(
+                    r, owns[i], self.criteria, dtype_str(owns[i]), self.floors.accumulated(len(self.layers), r, owns[i]))
                 acc = dict(accumulated=pair[0], accumulated_reasons=tuple(pair[1]))
             elif self.keep:
                 self.outputs[name] = r.detach().clone()
+            if reasons and self.failed is None:
+                self.failed = (module, path, call, inputs)
             self.layers.append(LayerError(
                 name=name, module=path, call=call, module_type=mtype, order=len(self.layers),
                 shape=tuple(r.shape), dtype=dtype_str(r), cand_dtype=dtype_str(c) if c is not None else None,
                 local=local, local_reasons=reasons, note=lnote, **acc))
+
+    def _measure(self, module: torch.nn.Module, inputs: tuple, refs: list[torch.Tensor],
+                 replay: "_Replay") -> list[float | None]:
+        self.floors.probes += 1
+        with self.paused():
+            noise = replay.noise(module, inputs)
+            out = rounding_units(module, inputs[0], inputs[1], refs, noise)
+        if all(u is None for u in out):
+            self.floors.failed_probes.append(type(module).__name__)
+        return out
+
+
+class _Paused:
+    def __init__(self, ref_pass: ReferencePass):
+        self.p = ref_pass
+
+    def __enter__(self) -> None:
+        self.p.busy = True
+        if self.p.tap is not None:
+            self.p.tap.paused = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.p.busy = False
+        if self.p.tap is not None:
+            self.p.tap.paused = False
+
+
+class _Replay:
+    """The random numbers one reference call drew, for re-running it (recorded, or regenerated from the
+    generator state it started from)."""
+
+    def __init__(self, ref_pass: ReferencePass, state: tuple | None, drew: bool, n0: int):
+        self.p, self.state, self.drew, self.n0 = ref_pass, state, drew, n0
+        self.n1 = len(ref_pass.noise)
+
+    def noise(self, module: torch.nn.Module, inputs: tuple) -> list[torch.Tensor] | None:
+        if self.p.tap is not None:
+            return list(self.p.noise[self.n0:self.n1]) or None
+        if not self.drew:
+            return None
+        after = rng_state()
+        tap = NoiseTap()
+        try:
+            set_rng_state(self.state)
+            with tap, torch.no_grad():
+                module(*inputs[0], **inputs[1])
+        except Exception:
+            return None
+        finally:
+            set_rng_state(after)
+        return tap.noise
+
+
+def _is_container(m: torch.nn.Module) -> bool:
+    return isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -331,21 +498,22 @@ class ReferencePass:
 def accumulated_from_bundle(bundle: Bundle, ref_pass: ReferencePass, criteria: Criteria) -> tuple[dict, list[str]]:
     """Compare the kept reference outputs with a candidate bundle's tensors of the same names."""
     out, missing = {}, 0
+    order = {x.name: x.order for x in ref_pass.layers}
     for name, r in ref_pass.outputs.items():
         rec = bundle.get(name)
         if rec is None or not rec.has_tensor:
             missing += 1
             continue
         c = bundle.tensor(name)
-        out[name] = _pair(r, c, criteria, rec.dtype)
+        out[name] = _pair(r, c, criteria, rec.dtype, ref_pass.floors.accumulated(order.get(name, 0), r, c))
     notes = [f"{missing} layer(s) have no tensor in the candidate bundle {bundle.path}"] if missing else []
     return out, notes
 
 
-def _pair(r: torch.Tensor, c: torch.Tensor, criteria: Criteria, cdtype: str) -> tuple:
+def _pair(r: torch.Tensor, c: torch.Tensor, criteria: Criteria, cdtype: str, floor: float | None = None) -> tuple:
     if tuple(c.shape) != tuple(r.shape):
         return None, (f"shape {tuple(r.shape)} vs candidate {tuple(c.shape)}",), cdtype
-    m, reasons = compare_tensors(r, c, criteria)
+    m, reasons = compare_tensors(r, c, criteria, lambda rel: floor)
     return m, reasons, cdtype
 
 
@@ -355,6 +523,7 @@ def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple,
     named = dict(getattr(model, "_orig_mod", model).named_modules())
     out: dict[str, tuple] = {}
     calls: dict[str, int] = {}
+    order = {x.name: x.order for x in ref_pass.layers}
 
     def post(path: str):
         def hook(module, a, output):
@@ -365,14 +534,15 @@ def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple,
                 name = record_name(path, call, output=i if len(flat) > 1 else None)
                 r = ref_pass.outputs.pop(name, None)
                 if r is not None:
-                    out[name] = _pair(r, c, criteria, dtype_str(c))
+                    out[name] = _pair(r, c, criteria, dtype_str(c),
+                                      ref_pass.floors.accumulated(order.get(name, 0), r, c))
         return hook
 
     after = rng_state()
     try:
         with module_hooks(((p, named[p]) for p in ref_pass.paths if p in named), post=post), torch.no_grad():
             if ref_pass.rng == RNG_TENSORS and ref_pass.noise:
-                from .rng import RngReplay
+                from ..rng import RngReplay
                 with RngReplay(list(ref_pass.noise), cast=True):
                     model(*args, **kwargs)
             else:

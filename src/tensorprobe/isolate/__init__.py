@@ -15,7 +15,7 @@ layers that fail only when accumulated are inheriting error.
     >>> print(report.summary())                                                   # doctest: +SKIP
     Local error first exceeds the criteria at decode.1.conv1x1 (Conv1d: SNR 60.0 dB < 80 dB); 23 layer(s) fail only by inheritance.
 
-Two passes (details in `isolate_passes.py`): the candidate's own forward, keeping each module call's
+Two passes (details in `isolate/passes.py`): the candidate's own forward, keeping each module call's
 inputs and outputs (accumulated error); then the reference forward with hooks that clone each call's
 inputs and, when the call returns, hand them to a `ModuleRunner` that runs the candidate's module of the
 same path on them (cast to that module's parameter dtype and device). A candidate call that already saw
@@ -45,10 +45,12 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 from torch.utils._pytree import tree_map
 
-from . import isolate_passes as passes
-from .bundle import Bundle
-from .diff.result import DEFAULT_MIN_SNR, Criteria, jfloat
-from .errors import InputError
+from . import passes
+from .ascend import Ascent, ascend, unexplained_start
+from .noise import RoundingFloors
+from ..bundle import Bundle
+from ..diff.result import Criteria, jfloat
+from ..errors import InputError
 
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
 
@@ -127,7 +129,7 @@ class TorchRunner:
         fn = self._prepare(module_path, module)
         if not inputs.noise:
             return fn(*args, **kwargs)
-        from .rng import RngReplay
+        from ..rng import RngReplay
         with RngReplay(list(inputs.noise), cast=True):
             return fn(*args, **kwargs)
 
@@ -219,11 +221,20 @@ class IsolateReport:
     reused: int = 0                 # module calls not re-run: the candidate's own inputs equalled the reference's
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    ascent: Ascent | None = None    # where isolate looked above the isolated modules, and what it found
 
     @property
     def found(self) -> bool:
-        """True when some layer's local error alone fails the criteria."""
-        return self.first_local is not None
+        """True when some module call's local error alone fails the criteria (isolated, or found above)."""
+        return self.first_local is not None or (self.ascent is not None and self.ascent.found is not None)
+
+    @property
+    def culprit(self) -> str | None:
+        """The record name of the first module call that is wrong on its own: above the isolated modules
+        when the accumulated error starts before any of them fails, else the first isolated one."""
+        if self.ascent is not None and self.ascent.found is not None:
+            return self.ascent.found
+        return self.first_local
 
     def layer(self, name: str) -> LayerError:
         for layer in self.layers:
@@ -243,6 +254,16 @@ class IsolateReport:
 
     def summary(self) -> str:
         n = len(self.layers)
+        leaf = self._leaf_summary(n)
+        if self.ascent is None:
+            return leaf
+        if self.ascent.found is None:
+            return self.ascent.summary()
+        if self.first_local is None:
+            return self.ascent.summary()
+        return f"{self.ascent.summary()} Later: {leaf[0].lower()}{leaf[1:]}"
+
+    def _leaf_summary(self, n: int) -> str:
         if self.first_local is None:
             if self.first_accumulated is None:
                 return f"No divergence: all {n} module outputs pass, locally and accumulated."
@@ -261,7 +282,8 @@ class IsolateReport:
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary(), "found": self.found, "runner": self.runner,
                 "criteria": self.criteria.to_dict(), "first_local": self.first_local,
-                "first_accumulated": self.first_accumulated, "rng": self.rng, "noise_replayed": self.noise_replayed, "reused": self.reused,
+                "first_accumulated": self.first_accumulated, "culprit": self.culprit,
+                "ascent": self.ascent.to_dict() if self.ascent is not None else None, "rng": self.rng, "noise_replayed": self.noise_replayed, "reused": self.reused,
                 "seconds": self.seconds, "notes": list(self.notes),
                 "counts": {"layers": len(self.layers), "local": len(self.local_layers()),
                            "inherited": len(self.inherited_layers())},
@@ -364,7 +386,8 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
     if not isinstance(ref_model, torch.nn.Module):
         raise InputError(f"isolate needs a reference torch.nn.Module, got {type(ref_model).__name__}")
     runner = _runner(cand)
-    criteria = Criteria(atol, rtol, min_corr, min_snr).resolved(DEFAULT_MIN_SNR)
+    criteria = Criteria(atol, rtol, min_corr, min_snr)
+    floors = RoundingFloors(criteria)
     paths = select_modules(ref_model, modules, depth)
     cand_model = cand if isinstance(cand, torch.nn.Module) else None
     keep = accumulated is not False and (cand_model is not None or accumulated is not True)
@@ -380,7 +403,8 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
         initial = passes.rng_state()
         own = passes.record_candidate(cand_model, paths, cand_args, cand_kwargs,
                                       initial if rng == passes.RNG_STATE else None)
-    ref_pass = passes.ReferencePass(ref_model, paths, runner, criteria, keep=keep and own is None, rng=rng, own=own)
+    ref_pass = passes.ReferencePass(ref_model, paths, runner, criteria, keep=keep and own is None, rng=rng, own=own,
+                                    floors=floors, trace=keep)
     ref_pass.run(inputs, kwinputs)
     acc, notes = {}, []
     if accumulated is True and cand_model is None:
@@ -391,12 +415,24 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
         bundle = accumulated if isinstance(accumulated, Bundle) else Bundle.open(accumulated)
         acc, notes = passes.accumulated_from_bundle(bundle, ref_pass, criteria)
     layers = [_merge(x, acc.get(x.name)) for x in ref_pass.layers]
+    ref_pass.layers = layers
+    start = unexplained_start(layers) if ref_pass.trace is not None else None
+    found_above = None
+    if start is not None:
+        def make_pass(chosen: list[str], only: set) -> passes.ReferencePass:
+            return passes.ReferencePass(ref_model, chosen, runner, criteria, keep=False, rng=rng, floors=floors,
+                                        only=only, stop_at_local=True)
+        found_above = ascend(ref_model, runner, inputs, kwinputs, ref_pass, start, make_pass)
+    if floors.failed_probes:
+        kinds = ", ".join(sorted(set(floors.failed_probes)))
+        notes.append(f"the rounding of {len(floors.failed_probes)} module call(s) ({kinds}) could not be measured "
+                     f"in float64: judged against one roundoff per element")
     return IsolateReport(
         layers=tuple(layers), criteria=criteria, runner=runner.name,
         first_local=next((x.name for x in layers if x.local_fails), None),
         first_accumulated=next((x.name for x in layers if x.accumulated_fails), None),
         rng=rng, noise_replayed=len(ref_pass.noise) if rng == passes.RNG_TENSORS else ref_pass.rng_calls,
-        reused=ref_pass.reused, seconds=time.perf_counter() - t0, notes=tuple(notes))
+        reused=ref_pass.reused, seconds=time.perf_counter() - t0, notes=tuple(notes), ascent=found_above)
 
 
 def _runner(cand: Any) -> ModuleRunner:
