@@ -151,7 +151,7 @@ class RuntimeAdapter:
                 order += 1
             env = collect_environment(runtime=self.runtime_info())
             env["dtypes"] = sorted(d for d in dtypes if d.startswith(("float", "bfloat")))
-            writer.set_header(environment=env)
+            writer.set_header(environment=env, runtime=self.runtime_info())   # with notes made while running
         return writer.bundle()
 
 

@@ -36,6 +36,7 @@ from ..bundle import populated_bytes
 from ..errors import InputError, TargetError
 from ..record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse_name
 from ._onnx_names import (MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, graph_weights,
+                          model_output_names,
                           node_inputs)
 from .base import RuntimeAdapter, RuntimeTensor
 from ..hooks import module_hooks
@@ -113,13 +114,65 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
 
     def _run(self, artifact: OnnxArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
         feeds = graph_feeds(artifact.model, inputs)
-        sizes, shapes, types = estimate_bytes(artifact.model, feeds)
+        model = self._exposable(artifact.model, feeds)
+        sizes, shapes, types = estimate_bytes(model, feeds)
         records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
-        plans = [p for p in GraphNamer(artifact.model, artifact.rules, records, shapes).plan() if self._selected(p)]
+        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes).plan() if self._selected(p)]
         budget = self.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
         self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
-        yield from self._run_full(artifact.model, feeds, plans, sizes, shapes, types, budget)
+        emitted: set[str] = set()
+        try:
+            for rt in self._run_full(model, feeds, plans, sizes, shapes, types, budget):
+                emitted.add(rt.name or rt.runtime_name)
+                yield rt
+        except Exception as e:   # ORT refuses the rewritten graph where it ran the user's: keep what we have
+            reason = _one_line(e)
+            missing = sum(1 for p in plans if not set(p.names) & emitted)
+            self._note(f"{missing} of {len(plans)} values could not be exposed ({reason}); the model outputs "
+                       f"come from the graph as given")
+            yield from self._outputs_only(artifact.model, feeds, plans, emitted)
+
+    def _exposable(self, model: Any, feeds: dict[str, np.ndarray]) -> Any:
+        """The graph with function bodies and the If branches these inputs take inlined (`_onnx_inline`);
+        the graph as given when there are none, or when ONNX Runtime refuses the inlined one."""
+        from ._onnx_inline import inline_for_capture
+
+        if not (len(model.functions) or any(n.op_type == "If" for n in model.graph.node)):
+            return model
+        try:
+            inlined, notes = inline_for_capture(model, feeds, self._values)
+            make_session(inlined, self.threads)
+        except Exception as e:
+            self._note(f"If branches and functions left as single ops ({_one_line(e)})")
+            return model
+        for n in notes:
+            self._note(n)
+        return inlined
+
+    def _values(self, model: Any, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        sess = make_session(model, self.threads)
+        return dict(zip(names, sess.run(names, feeds)))
+
+    def _outputs_only(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
+                      emitted: set[str]) -> Iterator[RuntimeTensor]:
+        outputs = [o.name for o in model.graph.output]
+        try:
+            values = self._values(model, feeds, outputs)
+        except Exception as e:
+            raise TargetError(f"ONNX Runtime failed on this graph: {_one_line(e)}") from None
+        by_value = {p.value: p for p in plans}
+        for i, name in enumerate(outputs):
+            record = model_output_names(outputs)[name]
+            if record in emitted:
+                continue
+            p = by_value.get(name)
+            yield RuntimeTensor(runtime_name=name, module="", op="output", name=record,
+                                inputs=(p.names[0],) if p is not None and set(p.names) & emitted else (),
+                                kind=KIND_MODEL_OUTPUT, value=values[name])
+
+    def _note(self, text: str) -> None:
+        self._artifact_info.setdefault("notes", []).append(text)
 
     def _run_full(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
                   shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
@@ -691,6 +744,13 @@ def segment_model(model: Any, lo: int, hi: int, live: dict[str, np.ndarray], wan
                                                           list(arr.shape)))
     g.output.extend(onnx.helper.make_empty_tensor_value_info(o) for o in outs)
     return sub, seg_in, list(dict.fromkeys(outs))
+
+
+def _one_line(e: BaseException) -> str:
+    """An ORT exception as one line: its last line, without the '[ONNXRuntimeError] : 1 : FAIL :' prefix."""
+    text = str(e).strip().splitlines()
+    line = text[-1] if text else type(e).__name__
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", line)
 
 
 def _compile(pattern: str | None) -> re.Pattern | None:

@@ -1,0 +1,164 @@
+"""ONNX graphs as people ship them: If on an input, model-local functions, fp16 files — here a synthetic
+If graph (both branches, nested) and Silero VAD's own ONNX files from the PyPI package."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorprobe as tp
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+from tensorprobe.runtimes import get_runtime  # noqa: E402
+
+pytestmark = pytest.mark.onnx
+
+
+def _if_graph() -> "onnx.ModelProto":
+    """y = If(sr == 16000, then: relu(x @ W1) [with a nested If on sum(x) > 0], else: sigmoid(x @ W2))."""
+    rng = np.random.default_rng(0)
+    w1 = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W1")
+    w2 = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "W2")
+    out = helper.make_tensor_value_info("h", TensorProto.FLOAT, None)
+    inner_then = helper.make_graph([helper.make_node("Relu", ["m"], ["h"], name="relu")], "inner_then", [], [out])
+    inner_else = helper.make_graph([helper.make_node("Neg", ["m"], ["h"], name="neg")], "inner_else", [], [out])
+    then = helper.make_graph([
+        helper.make_node("MatMul", ["x", "W1"], ["m"], name="matmul"),
+        helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+        helper.make_node("Greater", ["s", "zero"], ["pos"], name="pos"),
+        helper.make_node("If", ["pos"], ["h"], name="If_inner", then_branch=inner_then, else_branch=inner_else),
+    ], "then", [], [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    other = helper.make_graph([
+        helper.make_node("MatMul", ["x", "W2"], ["m2"], name="matmul"),
+        helper.make_node("Sigmoid", ["m2"], ["h2"], name="sigmoid"),
+    ], "else", [], [helper.make_tensor_value_info("h2", TensorProto.FLOAT, None)])
+    graph = helper.make_graph([
+        helper.make_node("Equal", ["sr", "sr16k"], ["is16k"], name="eq"),
+        helper.make_node("If", ["is16k"], ["y0"], name="If_0", then_branch=then, else_branch=other),
+        helper.make_node("Mul", ["y0", "two"], ["y"], name="scale"),
+    ], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+             helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        initializer=[w1, w2, onnx.numpy_helper.from_array(np.array(16000, np.int64), "sr16k"),
+                     onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("sr, x_sign, branch, op", [(16000, 1, "If_0.then", "If_inner.then"),
+                                                    (16000, -1, "If_0.then", "If_inner.else"),
+                                                    (8000, 1, "If_0.else", None)])
+def test_if_branches_the_inputs_take_are_captured_value_by_value(tmp_path, sr, x_sign, branch, op):
+    path = tmp_path / "if.onnx"
+    onnx.save(_if_graph(), str(path))
+    feeds = {"x": np.abs(np.random.default_rng(1).standard_normal((1, 4))).astype(np.float32) * x_sign,
+             "sr": np.array(sr, np.int64)}
+    expected = ort.InferenceSession(str(path)).run(["y"], feeds)[0]
+    b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "b")
+    names = [r.name for r in b.records]
+    assert any(n.startswith(f"{branch}/MatMul") for n in names), names
+    if op is not None:   # the nested If, decided in the next round, is inlined too
+        assert any(n.startswith(f"{branch}.{op}/") for n in names), names
+    assert not any("/If." in n for n in names)   # no If is left as one opaque op
+    outputs = [r.name for r in b.records if r.kind == "model_output"]
+    assert outputs == ["output"]
+    np.testing.assert_array_equal(b.tensor("output").numpy(), expected)
+    assert any("inlined 2 If" in n or "inlined 1 If" in n for n in b.manifest["runtime"]["notes"])
+
+
+def test_a_graph_onnx_runtime_cannot_run_is_one_line_and_exit_2(tmp_path):
+    bad = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[onnx.numpy_helper.from_array(np.ones((4, 2), np.float32), "W")]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "bad.onnx"
+    onnx.save(bad, str(path))
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 3), np.float32))
+    res = subprocess.run([sys.executable, "-m", "tensorprobe", "capture", str(path), "--inputs",
+                          str(tmp_path / "in.npz"), "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    err = " ".join(res.stderr.split())
+    assert "Traceback" not in err and "Incompatible dimensions for matrix multiplication" in err
+    assert "Node (mm) Op (MatMul)" in err and len(res.stderr.strip().splitlines()) <= 3
+    assert not (tmp_path / "out" / "manifest.json").exists() or \
+        json.loads((tmp_path / "out" / "manifest.json").read_text())["status"] != "complete"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Silero VAD, as shipped on PyPI
+
+
+def _silero(name: str) -> Path:
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None:
+        pytest.skip("silero-vad is not installed (the [test] extra installs it)")
+    path = Path(spec.submodule_search_locations[0]) / "data" / name
+    if not path.is_file():
+        pytest.skip(f"silero-vad ships no {name}")
+    return path
+
+
+def _speech_like(with_sr: bool = True) -> dict[str, np.ndarray]:
+    t = np.arange(512) / 16000
+    x = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)[None]
+    feeds = {"input": x, "state": np.zeros((2, 1, 128), np.float32)}
+    if with_sr:
+        feeds["sr"] = np.array(16000, np.int64)
+    return feeds
+
+
+SHIPPED = [("silero_vad.onnx", True), ("silero_vad_half.onnx", False), ("silero_vad_op18_ifless.onnx", True),
+           ("silero_vad_16k_op15.onnx", True)]
+
+
+@pytest.mark.parametrize("name, with_sr", SHIPPED)
+def test_shipped_silero_files_capture_and_match_themselves(tmp_path, name, with_sr):
+    path = _silero(name)
+    feeds = _speech_like(with_sr)
+    expected = ort.InferenceSession(str(path)).run(None, feeds)
+    rt = get_runtime("onnxruntime")
+    a = rt.capture_artifact(path, feeds, tmp_path / "a")
+    b = rt.capture_artifact(path, feeds, tmp_path / "b")
+    forward = [r for r in a.records if r.kind == "output"]
+    assert len(forward) > 40, f"{name}: only {len(forward)} values exposed"
+    # the network inside the If / the functions, value by value
+    assert sum(r.op == "Conv" for r in forward) >= 4 and any(r.op in ("LSTM", "Tanh") for r in forward)
+    for got, want in zip((a.tensor("output.output"), a.tensor("output.stateN")), expected):
+        np.testing.assert_array_equal(got.numpy(), want)
+    r = tp.diff(a, b)
+    assert r.verdict == "match" and not r.ref_only and not r.cand_only
+
+
+def test_shipped_silero_int8_and_float16_ports_get_sensible_verdicts(tmp_path):
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    path = _silero("silero_vad_16k_op15.onnx")
+    feeds = _speech_like()
+    quantize_dynamic(str(path), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8)
+    onnx.save(convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), str(tmp_path / "fp16.onnx"))
+    rt = get_runtime("onnxruntime")
+    ref = rt.capture_artifact(path, feeds, tmp_path / "ref")
+    int8 = tp.diff(ref, rt.capture_artifact(tmp_path / "int8.onnx", feeds, tmp_path / "q"))
+    assert int8.verdict == "diverged"
+    first = next(p for p in int8.pairs if p.name == int8.first_divergence)
+    assert first.op == "Conv" and "stft" in first.module   # the first conv ONNX Runtime quantized
+    assert any(p.cause == "quantized" for p in int8.pairs if p.failed)
+    fp16 = tp.diff(ref, rt.capture_artifact(tmp_path / "fp16.onnx", feeds, tmp_path / "h"))
+    assert fp16.verdict == "match"   # float16 rounding, within its noise floor everywhere
+    # Model inputs pair only with model inputs: the int64 sample rate is compared exactly, with itself.
+    sr = next(p for p in int8.pairs if p.name == "input.sr")
+    assert sr.cand_name == "input.sr" and sr.passed
+    for report in (int8, fp16):
+        assert all(p.cand_name.startswith("input.") == p.name.startswith("input.") for p in report.pairs)
