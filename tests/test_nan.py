@@ -120,3 +120,37 @@ def test_npz_dump_origin(tmp_path):
     np.savez(tmp_path / "dump.npz", a_conv=ok, b_norm=bad, c_conv=np.full_like(ok, np.nan))
     o = tp.find_nonfinite_in_bundle(tmp_path / "dump.npz")
     assert o.record == "b_norm" and o.output.stats.nonfinite_channels == 1
+
+
+def _norm_feeding_a_mul(tmp_path, name, *, mul_inputs=(), inf_only=False):
+    """A runtime's bundle in which the instance-norm kernel's output is missing: the first record holding NaN
+    is the AdaIN's `mul`, and the norm's module output (tapped separately) comes later in the bundle."""
+    from tests.diff.diff_bundles import write_bundle
+
+    x = torch.randn(1, 8, 16)
+    bad = x.clone()
+    bad[:, [2, 5]] = float("inf") if inf_only else float("nan")
+    items = [("input.0", x, {"kind": "model_input", "module": "", "op": "input"}),
+             ("blk/conv.0", x, {"module": "blk", "op": "aten.convolution.default"}),
+             ("blk.adain/mul.0", bad, {"module": "blk.adain", "op": "aten.mul.Tensor", "inputs": mul_inputs}),
+             ("blk.adain/add.0", bad, {"module": "blk.adain", "op": "aten.add.Tensor"}),
+             ("blk.adain.norm", bad, {"module": "blk.adain.norm", "op": "executorch.output"}),
+             ("blk.adain", bad, {"module": "blk.adain", "op": "executorch.output"})]
+    return write_bundle(tmp_path / name, items)
+
+
+def test_nan_in_an_op_that_cannot_make_nan_is_blamed_on_the_unrecorded_value_and_its_module(tmp_path):
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "b"))
+    assert o.cause == "unrecorded_value" and o.module == "blk.adain.norm" and o.record == "blk.adain.norm"
+    text = o.summary()
+    assert "born inside blk.adain.norm" in text and "cannot make NaN from finite inputs" in text
+    assert "2 of 8 channels" in text and "normalization" in text
+
+
+def test_an_op_whose_inputs_are_all_recorded_or_that_overflows_stays_the_origin(tmp_path):
+    # All its inputs recorded and finite: the bundle holds everything it read, so it is the origin as recorded.
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "a", mul_inputs=("blk/conv.0",)))
+    assert o.cause == "record" and o.record == "blk.adain/mul.0"
+    # ±Inf without NaN: a product of finite values can overflow, so the mul may well be where it is born.
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "c", inf_only=True))
+    assert o.cause == "record" and o.record == "blk.adain/mul.0"

@@ -17,7 +17,7 @@ non-finite), and stops.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -39,6 +39,18 @@ CAUSE_MODEL_INPUT = "model_input"
 CAUSE_PARAMETER = "parameter"
 CAUSE_UNTRACKED = "untracked_input"
 CAUSE_RECORD = "record"
+CAUSE_UNRECORDED = "unrecorded_value"   # born in a value the bundle does not hold (a kernel not tapped)
+
+# Ops that cannot make NaN from finite inputs (a product or sum may overflow to ±Inf, never to NaN): when one
+# of them is the first record holding NaN, the NaN came in through an input the bundle did not record.
+NAN_FREE_OPS = frozenset({
+    "mul", "add", "sub", "rsub", "addcmul", "cat", "stack", "clone", "copy", "_to_copy", "view", "view_copy",
+    "reshape", "permute", "permute_copy", "expand", "expand_copy", "repeat", "squeeze", "squeeze_copy",
+    "unsqueeze", "unsqueeze_copy", "transpose", "t", "slice", "slice_copy", "select", "select_copy", "index",
+    "gather", "index_select", "relu", "leaky_relu", "hardtanh", "sigmoid", "tanh", "gelu", "silu", "elu", "abs",
+    "neg", "sin", "cos", "constant_pad_nd", "reflection_pad1d", "replication_pad1d", "upsample_nearest1d",
+    "max_pool1d", "max_pool2d", "where", "clamp", "Mul", "Add", "Sub", "Concat", "Relu", "LeakyRelu", "Sigmoid",
+    "Tanh", "Identity", "Reshape", "Transpose", "Expand", "Tile", "Slice", "Gather", "Pad", "Sin", "Cos"})
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,8 @@ class NanOrigin:
         where = module_label(self.module or "")
         pattern = self.output.stats.channel_pattern() if self.output else None
         tail = f" — {pattern}" if pattern else ""
+        if self.cause == CAUSE_UNRECORDED:
+            return f"NaN/Inf born inside {where} (its kernel's output is not in the bundle; its module output holds it){tail}"
         return f"NaN/Inf born at {self.op} in {where}{tail}"
 
     def summary(self) -> str:
@@ -294,8 +308,51 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
         ins = [by_name[n] for n in r.inputs if n in by_name]
         if any(not i.stats.all_finite for i in ins):
             continue  # inherited, not born here
+        if _cannot_make_nan(r, ins):
+            return _unrecorded_origin(b, r, records, len(records))
         return _bundle_origin(b, r, ins, len(records))
     return NanOrigin(found=False, ops_checked=len(records))
+
+
+def _op_base(op: str) -> str:
+    return op.split(".")[1] if op.startswith("aten.") else op.removeprefix("module:")
+
+
+def _cannot_make_nan(r: Record, ins: list[Record]) -> bool:
+    """r holds NaN, its op cannot make NaN from finite values, and an input it read is not in the bundle."""
+    if not r.stats.nan or _op_base(r.op) not in NAN_FREE_OPS:
+        return False
+    return not r.inputs or len(ins) < len(r.inputs)
+
+
+def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> NanOrigin:
+    """The NaN came from a value the bundle lacks: name the module whose output first holds it."""
+    producer = _producer_of_unrecorded(r, records)
+    first = f"The first record holding NaN is {r.op} in {module_label(r.module)} ({r.name}), an op that " \
+            f"cannot make NaN from finite inputs: the NaN came in through a value it read that the bundle does " \
+            f"not hold (a kernel whose output the runtime did not expose)."
+    if producer is None:
+        return replace(_bundle_origin(b, r, [], n), cause=CAUSE_UNRECORDED, diagnosis=(
+            first, "No recorded module output inside it holds NaN either: capture at op level with keep='full' "
+                   "(or with the runtime's per-kernel outputs) to see the producer."))
+    diagnosis = [first, f"{producer.name} is the module output that holds it: the NaN is born inside "
+                        f"{module_label(producer.module)}."]
+    diagnosis += diagnose_from_stats(_op_base(producer.op), producer.module.rsplit(".", 1)[-1], [], producer.stats)
+    return NanOrigin(
+        found=True, cause=CAUSE_UNRECORDED, record=producer.name, op=producer.op, module=producer.module,
+        op_index=producer.order, output=TensorSummary(producer.name, producer.shape, producer.dtype, producer.stats),
+        diagnosis=tuple(diagnosis), ops_checked=n,
+        note=None if b.complete else "the bundle is incomplete (its capture did not finish)")
+
+
+def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
+    """The deepest module output inside r's module (r's module itself last) holding NaN: module outputs are
+    tapped where kernels are not, and may sit later in the bundle than the op that consumed them."""
+    inside = [x for x in records if x is not r and x.stats.nan and x.kind == "output" and "/" not in x.name
+              and (x.module == r.module or x.module.startswith(f"{r.module}.") or not r.module)]
+    if not inside:
+        return None
+    return min(inside, key=lambda x: (-x.module.count("."), x.module == r.module, x.order))
 
 
 def _bundle_origin(b: Bundle, r: Record, ins: list[Record], n: int) -> NanOrigin:
