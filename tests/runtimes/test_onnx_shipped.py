@@ -162,3 +162,20 @@ def test_shipped_silero_int8_and_float16_ports_get_sensible_verdicts(tmp_path):
     assert sr.cand_name == "input.sr" and sr.passed
     for report in (int8, fp16):
         assert all(p.cand_name.startswith("input.") == p.name.startswith("input.") for p in report.pairs)
+
+
+def test_weights_in_an_external_data_file_load_from_the_models_path(tmp_path, monkeypatch):
+    path = _silero("silero_vad_16k_op15.onnx")
+    ext = tmp_path / "model" / "vad.onnx"
+    ext.parent.mkdir()
+    onnx.save(onnx.load(str(path)), str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="vad.weights", size_threshold=1024)
+    assert (ext.parent / "vad.weights").stat().st_size > ext.stat().st_size
+    monkeypatch.chdir(tmp_path)   # the weights are found next to the model, not in the working directory
+    rt = get_runtime("onnxruntime")
+    feeds = _speech_like()
+    inline = rt.capture_artifact(path, feeds, tmp_path / "inline")
+    external = rt.capture_artifact(ext, feeds, tmp_path / "external")
+    r = tp.diff(inline, external)
+    assert r.verdict == "match" and r.weights and all(p.passed for p in r.weights)
+    np.testing.assert_array_equal(external.tensor("output.output").numpy(), inline.tensor("output.output").numpy())
