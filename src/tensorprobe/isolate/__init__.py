@@ -52,7 +52,7 @@ from ..bundle import Bundle
 from ..diff.result import Criteria, jfloat
 from ..errors import InputError
 
-CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
+CONTAINERS = passes.CONTAINERS
 
 LOCAL = "local"          # the layer's own error fails the criteria
 INHERITED = "inherited"  # only the accumulated error fails: the layer passes on what it was given

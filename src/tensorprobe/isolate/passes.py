@@ -487,8 +487,12 @@ class _Replay:
         return tap.noise
 
 
+CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
+
+
 def _is_container(m: torch.nn.Module) -> bool:
-    return isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict))
+    """Containers hold modules but are never called: not a module call, not a level of the tree."""
+    return isinstance(m, CONTAINERS)
 
 
 # ---------------------------------------------------------------------------------------------------

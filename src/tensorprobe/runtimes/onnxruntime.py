@@ -162,8 +162,9 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         except Exception as e:
             raise TargetError(f"ONNX Runtime failed on this graph: {_one_line(e)}") from None
         by_value = {p.value: p for p in plans}
-        for i, name in enumerate(outputs):
-            record = model_output_names(outputs)[name]
+        records = model_output_names(outputs)
+        for name in outputs:
+            record = records[name]
             if record in emitted:
                 continue
             p = by_value.get(name)
