@@ -356,7 +356,7 @@ def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
 
 
 def _bundle_origin(b: Bundle, r: Record, ins: list[Record], n: int) -> NanOrigin:
-    base = r.op.split(".")[1] if r.op.startswith("aten.") else r.op.removeprefix("module:")
+    base = _op_base(r.op)
     if r.has_tensor and all(i.has_tensor for i in ins) and r.op.startswith("aten."):
         diagnosis = diagnose(Evidence(op=base, inputs=[b.tensor(i.name) for i in ins], output=b.tensor(r.name)))
     else:

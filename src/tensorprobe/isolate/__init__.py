@@ -415,14 +415,13 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
         bundle = accumulated if isinstance(accumulated, Bundle) else Bundle.open(accumulated)
         acc, notes = passes.accumulated_from_bundle(bundle, ref_pass, criteria)
     layers = [_merge(x, acc.get(x.name)) for x in ref_pass.layers]
-    ref_pass.layers = layers
     start = unexplained_start(layers) if ref_pass.trace is not None else None
     found_above = None
     if start is not None:
         def make_pass(chosen: list[str], only: set) -> passes.ReferencePass:
             return passes.ReferencePass(ref_model, chosen, runner, criteria, keep=False, rng=rng, floors=floors,
                                         only=only, stop_at_local=True)
-        found_above = ascend(ref_model, runner, inputs, kwinputs, ref_pass, start, make_pass)
+        found_above = ascend(ref_model, runner, inputs, kwinputs, ref_pass, layers, start, make_pass)
     if floors.failed_probes:
         kinds = ", ".join(sorted(set(floors.failed_probes)))
         notes.append(f"the rounding of {len(floors.failed_probes)} module call(s) ({kinds}) could not be measured "

@@ -111,8 +111,11 @@ def unexplained_start(layers: list) -> Any | None:
 
 
 def ascend(ref_model: torch.nn.Module, runner: Any, inputs: tuple, kwinputs: dict, leaf_pass: passes.ReferencePass,
-           start: Any, make_pass: Any) -> Ascent:
+           layers: list, start: Any, make_pass: Any) -> Ascent:
     """Find the smallest module call around `start` that fails alone (see the module docstring).
+
+    `layers`: the isolated calls' findings (local and accumulated), in execution order; `leaf_pass` the pass
+    that made them (its call trace and generator state).
 
     `make_pass(paths, only)` returns a fresh `ReferencePass` (same criteria, randomness, floors) that
     compares only the (path, call) pairs in `only` and stops at the first local failure.
@@ -121,8 +124,8 @@ def ascend(ref_model: torch.nn.Module, runner: Any, inputs: tuple, kwinputs: dic
     x = trace.span(start.module, start.call)
     if x is None:
         return Ascent(start=start.name, notes=("the reference run's module calls were not traced",))
-    tested_keys = {(layer.module, layer.call): layer for layer in leaf_pass.layers}
-    prev = leaf_pass.layers[start.order - 1] if start.order > 0 else None
+    tested_keys = {(layer.module, layer.call): layer for layer in layers}
+    prev = layers[start.order - 1] if start.order > 0 else None
     prev_span = trace.span(prev.module, prev.call) if prev is not None else None
     begin = prev_span.exit if prev_span is not None else -1
     around = [s for s in trace.spans if s.enter < x.exit and s.exit > begin and s.key not in tested_keys]
