@@ -22,6 +22,13 @@ import torch.nn as nn
 import tensorprobe as tp
 
 
+def assert_nothing_incomparable_ranked(r: tp.DiffReport) -> None:
+    ranked = {a.name for a in r.amplifiers} | {r.first_divergence, r.worst}
+    bad = [p.name for p in r.not_comparable if p.name in ranked]
+    assert not bad, f"incomparable pairs ranked: {bad}"
+    assert all(p.method for p in r.pairs if p.name in ranked and p.name), "a ranked pair was never compared"
+
+
 class ConvLSTM(nn.Module):
     """Conv1d -> GroupNorm -> GELU -> Conv1d -> BatchNorm -> GELU -> 2-layer LSTM -> Linear (mel in, mel out)."""
 

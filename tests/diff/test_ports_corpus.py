@@ -16,15 +16,9 @@ import torch
 import tensorprobe as tp
 
 from . import ports
+from .ports import assert_nothing_incomparable_ranked
 
 needs_ort = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None, reason="needs the [onnx] extra")
-
-
-def assert_nothing_incomparable_ranked(r: tp.DiffReport) -> None:
-    ranked = {a.name for a in r.amplifiers} | {r.first_divergence, r.worst}
-    bad = [p.name for p in r.not_comparable if p.name in ranked]
-    assert not bad, f"incomparable pairs ranked: {bad}"
-    assert all(p.method for p in r.pairs if p.name in ranked and p.name), "a ranked pair was never compared"
 
 
 @pytest.fixture(scope="module")

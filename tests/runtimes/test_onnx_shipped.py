@@ -179,3 +179,69 @@ def test_weights_in_an_external_data_file_load_from_the_models_path(tmp_path, mo
     r = tp.diff(inline, external)
     assert r.verdict == "match" and r.weights and all(p.passed for p in r.weights)
     np.testing.assert_array_equal(external.tensor("output.output").numpy(), inline.tensor("output.output").numpy())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files that break ONNX's rules in ways ONNX Runtime forgives, and unseeded random ops
+
+
+def _noisy_graph(*, reverse: bool = False, seed: float | None = None) -> "onnx.ModelProto":
+    """y = tanh(x @ W) + 0.1 * RandomNormalLike(x)."""
+    rng = np.random.default_rng(0)
+    draw = helper.make_node("RandomNormalLike", ["x"], ["n"], name="noise")
+    if seed is not None:
+        draw.attribute.append(helper.make_attribute("seed", seed))
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+             helper.make_node("Tanh", ["m"], ["t"], name="tanh"), draw,
+             helper.make_node("Mul", ["n", "tenth"], ["s"], name="scale"),
+             helper.make_node("Add", ["t", "s"], ["y"], name="add")]
+    graph = helper.make_graph(
+        nodes[::-1] if reverse else nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        initializer=[onnx.numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), "W"),
+                     onnx.numpy_helper.from_array(np.array(0.1, np.float32), "tenth")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_nodes_listed_out_of_order_capture_in_the_order_they_run(tmp_path):
+    onnx.save(_noisy_graph(), str(tmp_path / "sorted.onnx"))
+    onnx.save(_noisy_graph(reverse=True), str(tmp_path / "reversed.onnx"))   # ONNX Runtime runs it anyway
+    feeds = {"x": np.ones((2, 8), np.float32)}
+    rt = get_runtime("onnxruntime")
+    a = rt.capture_artifact(tmp_path / "sorted.onnx", feeds, tmp_path / "a")
+    b = rt.capture_artifact(tmp_path / "reversed.onnx", feeds, tmp_path / "b")
+    names = [r.name for r in b.records if r.kind in ("output", "rng")]
+    assert sorted(names) == sorted(["<root>/MatMul.0", "<root>/Tanh.0", "<root>/RandomNormalLike.0", "<root>/Mul.0",
+                                    "<root>"])
+    at = names.index   # each value after what it reads
+    assert at("<root>/MatMul.0") < at("<root>/Tanh.0") and at("<root>/RandomNormalLike.0") < at("<root>/Mul.0")
+    assert names[-1] == "<root>"
+    assert any("topological order" in n for n in b.manifest["runtime"]["notes"])
+    assert not any("topological order" in n for n in a.manifest["runtime"].get("notes", []))
+    r = tp.diff(a, b)
+    assert r.verdict == "match" and not r.ref_only and not r.cand_only
+
+
+def test_unseeded_random_ops_draw_the_same_numbers_however_the_capture_runs_the_graph(tmp_path):
+    path = tmp_path / "noisy.onnx"
+    onnx.save(_noisy_graph(), str(path))
+    feeds = {"x": np.ones((2, 8), np.float32)}
+    rt = get_runtime("onnxruntime")
+    full = rt.capture_artifact(path, feeds, tmp_path / "full")
+    only = rt.capture_artifact(path, feeds, tmp_path / "only", include="Random|Mul")   # other values marked
+    draws = full.numpy("<root>/RandomNormalLike.0")
+    assert draws.std() > 0.5   # real draws, not zeros
+    np.testing.assert_array_equal(only.numpy("<root>/RandomNormalLike.0"), draws)
+    assert any("random op(s) without a seed" in n for n in full.manifest["runtime"]["notes"])
+
+
+def test_a_seed_the_file_sets_is_kept(tmp_path):
+    path = tmp_path / "seeded.onnx"
+    onnx.save(_noisy_graph(seed=7.0), str(path))
+    feeds = {"x": np.ones((2, 8), np.float32)}
+    probe = onnx.load(str(path))
+    probe.graph.output.append(helper.make_empty_tensor_value_info("n"))
+    plain = ort.InferenceSession(probe.SerializeToString()).run(["n"], feeds)[0]
+    b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "b")
+    np.testing.assert_array_equal(b.numpy("<root>/RandomNormalLike.0"), plain)
+    assert not any("without a seed" in n for n in b.manifest["runtime"].get("notes", []))

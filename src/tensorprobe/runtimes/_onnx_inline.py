@@ -27,6 +27,71 @@ MAX_ROUNDS = 16
 RunFn = Callable[[Any, dict[str, np.ndarray], list[str]], dict[str, np.ndarray]]
 
 
+def topologically_sorted(model: Any) -> Any | None:
+    """`model` with its nodes in an order where every value is made before it is read, or None when they
+    already are (or when they cannot be: a cycle, which ONNX Runtime then names).
+
+    ONNX requires that order, but ONNX Runtime sorts for itself and so runs files that break it — such
+    as those `onnxruntime.transformers.float16.convert_float_to_float16` writes, which append their
+    input Casts at the end. Shape inference and record naming read nodes in file order."""
+    import onnx
+
+    from ._onnx_names import node_inputs
+
+    nodes = list(model.graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    deps = [sorted({producer[v] for v in node_inputs(n) if v in producer}) for n in nodes]
+    if all(d < i for i, ds in enumerate(deps) for d in ds):
+        return None
+    order: list[int] = []
+    state = [0] * len(nodes)   # 0 unseen, 1 on the stack, 2 placed
+    for start in range(len(nodes)):   # depth first, iteratively: a long chain must not hit the recursion limit
+        if state[start]:
+            continue
+        stack = [(start, iter(deps[start]))]
+        state[start] = 1
+        while stack:
+            i, todo = stack[-1]
+            d = next(todo, None)
+            if d is None:
+                stack.pop()
+                state[i] = 2
+                order.append(i)
+            elif state[d] == 1:
+                return None
+            elif state[d] == 0:
+                state[d] = 1
+                stack.append((d, iter(deps[d])))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes[i] for i in order)
+    return out
+
+
+def seed_random_ops(model: Any) -> tuple[Any, int]:
+    """`model` with a `seed` on every random op that has none: the k-th such op (in graph order) gets k.
+    Returns the model (a copy when changed) and how many ops were seeded.
+
+    Without a seed, ONNX Runtime's draws depend on how the session was built — a capture that marks
+    other values, or runs the graph in other segments, draws other numbers — so two captures of one
+    graph, or of a graph and its fp16 conversion, could not be compared at all. A seed the file sets is
+    left as it is: a port that seeds differently from its reference is a finding."""
+    import onnx
+
+    from ._onnx_names import RNG_OPS
+
+    todo = [i for i, n in enumerate(model.graph.node)
+            if n.op_type in RNG_OPS and not any(a.name == "seed" for a in n.attribute)]
+    if not todo:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for k, i in enumerate(todo):
+        out.graph.node[i].attribute.append(onnx.helper.make_attribute("seed", float(k)))
+    return out, len(todo)
+
+
 def inline_for_capture(model: Any, feeds: dict[str, np.ndarray], run: RunFn) -> tuple[Any, list[str]]:
     """`model` with local functions inlined and every `If` the inputs decide replaced by its branch.
 

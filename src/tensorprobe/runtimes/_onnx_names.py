@@ -48,6 +48,9 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "DynamicQuantizeLSTM", "QAttention"}
 _INTEGER_KERNELS = {"MatMulInteger", "ConvInteger"}
 _RESCALE_OPS = {"Cast", "Mul"}   # the float rescale after an integer kernel (dynamic quantization)
+# ONNX element types of floating-point tensors (FLOAT, FLOAT16, DOUBLE, BFLOAT16): a Cast between two of
+# these changes the precision of a value, not the value.
+FLOAT_ELEM_TYPES = {1, 10, 11, 16}
 ANGLE_TARGETS = {"aten.atan2.default", "aten.angle.default"}
 _FX_NODE = re.compile(r"^%(\S+) : .*?target=torch\.ops\.([\w.]+)")
 _PARAM_SUFFIX = re.compile(r"(_quantized|_scale|_zero_point|_zp|_q|_dequantized)+$")
@@ -195,10 +198,15 @@ class GraphNamer:
     """Works out module scopes and record names for the values of one ONNX graph."""
 
     def __init__(self, model: Any, rules: MappingRules | None = None, input_records: dict[str, str] | None = None,
-                 shapes: dict[str, tuple[int, ...]] | None = None):
+                 shapes: dict[str, tuple[int, ...]] | None = None, types: dict[str, int] | None = None):
         self.graph = model.graph
         self.input_records = input_records or {}
         self.shapes = shapes or {}
+        self.types = dict(types or {})
+        for vi in self.graph.input:
+            self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+        for init in self.graph.initializer:
+            self.types.setdefault(init.name, init.data_type)
         meta = {p.key: p.value for p in model.metadata_props}
         self.module_shapes: dict[str, list] = json.loads(meta.get(MODULE_OUTPUTS_KEY, "{}"))
         self.nodes = list(self.graph.node)
@@ -243,8 +251,31 @@ class GraphNamer:
         return _legacy_chain(comps, self.known) if comps is not None else None
 
     def _fill_clusters(self, chains: list[Chain | None], by_path: dict[str, Chain]) -> None:
-        unknown = [i for i, c in enumerate(chains) if c is None]
-        parent = {i: i for i in unknown}
+        """Scope the nodes their names and metadata leave unscoped, cluster by connected cluster.
+
+        A cluster that reads the weights of one module is that module's (the ConvInteger, rescale and
+        bias Add a quantizer puts in place of `conv1`'s Conv). One that reads several modules' weights
+        (an old export that names no scope at all) gives each weight reader its module and splits."""
+        for members in self._clusters([i for i, c in enumerate(chains) if c is None]):
+            owners = {i: self._weight_module(self.nodes[i]) for i in members}
+            modules = set(owners.values()) - {None}
+            if len(modules) == 1:
+                path = modules.pop()
+                for i in members:
+                    chains[i] = by_path.get(path) or chain_of_path(path)
+                continue
+            for i, path in owners.items():
+                if path is not None:
+                    chains[i] = by_path.get(path) or chain_of_path(path)
+            rest = [i for i in members if chains[i] is None]
+            for part in self._clusters(rest) if modules else [members]:
+                chain = self._cluster_scope(part, chains)
+                for i in part:
+                    chains[i] = chain
+
+    def _clusters(self, nodes: list[int]) -> list[list[int]]:
+        """`nodes` split into sets connected through values one of them makes and another reads."""
+        parent = {i: i for i in nodes}
 
         def find(i: int) -> int:
             while parent[i] != i:
@@ -252,34 +283,41 @@ class GraphNamer:
                 i = parent[i]
             return i
 
-        for i in unknown:
+        for i in nodes:
             for v in node_inputs(self.nodes[i]):
                 j = self.producer.get(v)
                 if j is not None and j in parent:
                     parent[find(i)] = find(j)
         clusters: dict[int, list[int]] = {}
-        for i in unknown:
+        for i in nodes:
             clusters.setdefault(find(i), []).append(i)
-        for members in clusters.values():
-            chain = self._cluster_scope(members, chains, by_path)
-            for i in members:
-                chains[i] = chain
+        return list(clusters.values())
 
-    def _cluster_scope(self, members: list[int], chains: list[Chain | None], by_path: dict[str, Chain]) -> Chain:
+    def _weight_module(self, node: Any) -> str | None:
+        for v in node_inputs(node):
+            if v in self.initializers:
+                path = ".".join(_PARAM_SUFFIX.sub("", v).split(".")[:-1])
+                if path and path in self.known:
+                    return path
+        return None
+
+    def _cluster_scope(self, members: list[int], chains: list[Chain | None]) -> Chain:
+        """The scope of connected nodes that carry none: the innermost module holding both the scoped
+        node that feeds them last and the one that reads them first. Ops between two submodules belong
+        to their common parent (an activation between conv1 and conv2 is the block's), not to either."""
         mset = set(members)
-        for i in members:
-            for v in node_inputs(self.nodes[i]):
-                if v in self.initializers:
-                    path = ".".join(_PARAM_SUFFIX.sub("", v).split(".")[:-1])
-                    if path and path in self.known:
-                        return by_path.get(path, chain_of_path(path))
         feeding = [self.producer[v] for i in members for v in node_inputs(self.nodes[i])
                    if v in self.producer and self.producer[v] not in mset and chains[self.producer[v]] is not None]
-        if feeding:
-            return chains[max(feeding)] or ()
         fed = [j for i in members for o in self.nodes[i].output for j in self.consumers.get(o, ())
                if j not in mset and chains[j] is not None]
-        return (chains[min(fed)] or ()) if fed else ()
+        before = chains[max(feeding)] or () if feeding else None
+        after = chains[min(fed)] or () if fed else None
+        if before is None or after is None:
+            return (before if after is None else after) or ()
+        common = 0
+        while common < min(len(before), len(after)) and before[common] == after[common]:
+            common += 1
+        return before[:common]
 
     # ---- values -----------------------------------------------------------------------------------------
     def data_values(self) -> set[str]:
@@ -343,19 +381,30 @@ class GraphNamer:
         return slots
 
     def plan(self) -> list[ValuePlan]:
-        """One ValuePlan per non-constant node output, in graph (topological) order."""
+        """One ValuePlan per non-constant node output, in graph (topological) order.
+
+        A Cast from one float type to another (the islands an fp16 converter or autocast leaves) is the
+        same value at another precision, not a new one: it makes no record of its own. Its output is read
+        as its input, and the module or model outputs it carries are named on the value it casts, so an
+        fp16 graph lines up with its fp32 reference record for record.
+        """
         mod_names = self.module_outputs()
         counters: dict[tuple[Chain, str], int] = {}
         primary = {v: self.input_records.get(v, f"input.{v}") for v in self.graph_inputs}
         primary.update(weight_record_names(self.graph))   # op records name the weights they read
         model_outputs = model_output_names(self.graph_outputs)
         angle: set[str] = set()
-        plans = []
+        plans: list[ValuePlan] = []
+        planned: dict[str, ValuePlan] = {}   # value -> its plan; a float Cast's output -> its source's plan
+        renamed: dict[str, str] = {}   # op record names a float Cast's module-output names replaced
         for i, node in enumerate(self.nodes):
             if node.op_type == "Constant":
                 continue
             chain = self.chains[i]
             path, call = chain[-1] if chain else ("", 0)
+            if self._casts_float_to_float(node):
+                if self._merge_cast(node, primary, planned, mod_names, model_outputs, plans, renamed):
+                    continue
             key = (chain, node.op_type)
             k = counters.get(key, 0)
             counters[key] = k + 1
@@ -368,9 +417,48 @@ class GraphNamer:
                 primary[o] = names[0]
                 if tags and "angle" in tags:
                     angle.add(o)
-                plans.append(ValuePlan(value=o, names=names, module=path, op=node.op_type, node_index=i,
-                                       inputs=inputs, tags=tags, model_output=model_outputs.get(o)))
+                planned[o] = ValuePlan(value=o, names=names, module=path, op=node.op_type, node_index=i,
+                                       inputs=inputs, tags=tags, model_output=model_outputs.get(o))
+                plans.append(planned[o])
+        for p in plans if renamed else ():   # consumers of a cast value met before its Cast
+            p.inputs = tuple(renamed.get(n, n) for n in p.inputs)
         return plans
+
+    def _casts_float_to_float(self, node: Any) -> bool:
+        if node.op_type != "Cast" or not node.input or not node.input[0]:
+            return False
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        return to in FLOAT_ELEM_TYPES and self.types.get(node.input[0]) in FLOAT_ELEM_TYPES
+
+    def _merge_cast(self, node: Any, primary: dict[str, str], planned: dict[str, ValuePlan],
+                    mod_names: dict[str, list[str]], model_outputs: dict[str, str], plans: list[ValuePlan],
+                    renamed: dict[str, str]) -> bool:
+        """Read a float Cast's output as its input; False when the Cast must stay a record of its own
+        (it is a module's output but what it casts has no record: a graph input or a weight)."""
+        src, out = node.input[0], node.output[0]
+        source = planned.get(src)
+        names = mod_names.get(out, [])
+        if source is None and names:
+            return False
+        if src in primary:
+            primary[out] = primary[src]
+        if source is None:
+            return True
+        planned[out] = source
+        if names:
+            own = [n for n in source.names if n not in mod_names.get(source.value, ())]
+            # the cast's module-output names replace the op record name of what it casts, as they would
+            # on the uncast graph; innermost module first, as module_outputs orders them
+            merged = [n for n in source.names if n not in own] + [n for n in names if n not in source.names]
+            merged.sort(key=lambda n: (n.startswith("<root>"), -n.count(".")))
+            renamed.update((n, merged[0]) for n in own)
+            source.names[:] = merged
+            primary[out] = primary[src] = merged[0]
+        if out in model_outputs:   # the model output is the cast value, as the graph returns it
+            plans.append(ValuePlan(value=out, names=[], module=source.module, op=source.op,
+                                   node_index=source.node_index, inputs=(source.names[0],),
+                                   model_output=model_outputs[out]))
+        return True
 
     def _rescales_integers(self, node: Any) -> bool:
         """A Cast or Mul right after MatMulInteger/ConvInteger: the rescale that makes their float output."""

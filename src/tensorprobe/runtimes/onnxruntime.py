@@ -117,7 +117,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         model = self._exposable(artifact.model, feeds)
         sizes, shapes, types = estimate_bytes(model, feeds)
         records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
-        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes).plan() if self._selected(p)]
+        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes, types).plan() if self._selected(p)]
         budget = self.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
         self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
@@ -134,21 +134,29 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             yield from self._outputs_only(artifact.model, feeds, plans, emitted)
 
     def _exposable(self, model: Any, feeds: dict[str, np.ndarray]) -> Any:
-        """The graph with function bodies and the If branches these inputs take inlined (`_onnx_inline`);
-        the graph as given when there are none, or when ONNX Runtime refuses the inlined one."""
-        from ._onnx_inline import inline_for_capture
+        """The graph made ready for a capture (`_onnx_inline`): nodes in topological order where the file
+        has them out of it, function bodies and the If branches these inputs take inlined (the graph as
+        given when ONNX Runtime refuses the inlined one), and unseeded random ops seeded."""
+        from ._onnx_inline import inline_for_capture, seed_random_ops, topologically_sorted
 
-        if not (len(model.functions) or any(n.op_type == "If" for n in model.graph.node)):
-            return model
-        try:
-            inlined, notes = inline_for_capture(model, feeds, self._values)
-            make_session(inlined, self.threads)
-        except Exception as e:
-            self._note(f"If branches and functions left as single ops ({_one_line(e)})")
-            return model
-        for n in notes:
-            self._note(n)
-        return inlined
+        ordered = topologically_sorted(model)
+        if ordered is not None:
+            self._note("nodes put in topological order (the file lists some before the values they read)")
+            model = ordered
+        if len(model.functions) or any(n.op_type == "If" for n in model.graph.node):
+            try:
+                inlined, notes = inline_for_capture(model, feeds, self._values)
+                make_session(inlined, self.threads)
+            except Exception as e:
+                self._note(f"If branches and functions left as single ops ({_one_line(e)})")
+            else:
+                self._notes(notes)
+                model = inlined
+        model, seeded = seed_random_ops(model)
+        if seeded:
+            self._note(f"{seeded} random op(s) without a seed were given seeds 0..{seeded - 1} in graph order, "
+                       f"so that captures of this graph and of its conversions draw the same numbers")
+        return model
 
     def _values(self, model: Any, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         sess = make_session(model, self.threads)
@@ -171,6 +179,10 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             yield RuntimeTensor(runtime_name=name, module="", op="output", name=record,
                                 inputs=(p.names[0],) if p is not None and set(p.names) & emitted else (),
                                 kind=KIND_MODEL_OUTPUT, value=values[name])
+
+    def _notes(self, texts: list[str]) -> None:
+        for text in texts:
+            self._note(text)
 
     def _note(self, text: str) -> None:
         self._artifact_info.setdefault("notes", []).append(text)
@@ -259,7 +271,8 @@ def _tensors_for(p: ValuePlan, value: np.ndarray) -> Iterator[RuntimeTensor]:
                             kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, value=value, borrowed=True)
     if p.model_output is not None:
         yield RuntimeTensor(runtime_name=p.value, module="", op="output", name=p.model_output,
-                            inputs=(p.names[0],), kind=KIND_MODEL_OUTPUT, value=value, borrowed=True)
+                            inputs=(p.names[0],) if p.names else p.inputs, kind=KIND_MODEL_OUTPUT,
+                            value=value, borrowed=True)
 
 
 # ---- export ----------------------------------------------------------------------------------------
