@@ -245,3 +245,88 @@ def test_a_seed_the_file_sets_is_kept(tmp_path):
     b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "b")
     np.testing.assert_array_equal(b.numpy("<root>/RandomNormalLike.0"), plain)
     assert not any("without a seed" in n for n in b.manifest["runtime"].get("notes", []))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loop and Scan: unrolled when the inputs fix the iteration count
+
+
+def _rnn_body(loop: bool) -> "onnx.GraphProto":
+    """h' = tanh(h @ W + x_t); returns h' as the carried state and as a scan output."""
+    nodes = [helper.make_node("MatMul", ["h", "W"], ["hw"], name="matmul"),
+             helper.make_node("Add", ["hw", "xt"], ["pre"], name="add"),
+             helper.make_node("Tanh", ["pre"], ["h2"], name="tanh"),
+             helper.make_node("Identity", ["h2"], ["y_t"], name="emit")]
+    f = TensorProto.FLOAT
+    if loop:   # x_t = x[i], read from the outer graph; the condition passes through
+        nodes = [helper.make_node("Gather", ["x", "i"], ["xt"], name="step", axis=0),
+                 helper.make_node("Identity", ["cond"], ["cond_out"], name="keep_going"), *nodes]
+        inputs = [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                  helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                  helper.make_tensor_value_info("h", f, [1, 4])]
+        outputs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                   helper.make_tensor_value_info("h2", f, [1, 4]), helper.make_tensor_value_info("y_t", f, [1, 4])]
+    else:
+        inputs = [helper.make_tensor_value_info("h", f, [1, 4]), helper.make_tensor_value_info("xt", f, [1, 4])]
+        outputs = [helper.make_tensor_value_info("h2", f, [1, 4]), helper.make_tensor_value_info("y_t", f, [1, 4])]
+    return helper.make_graph(nodes, "body", inputs, outputs)
+
+
+def _rnn_graph(op: str, *, stop_inside: bool = False) -> "onnx.ModelProto":
+    """An RNN over x[T, 1, 4] as a Loop (trip count = T, from the input's shape) or a Scan."""
+    rng = np.random.default_rng(0)
+    f = TensorProto.FLOAT
+    inits = [onnx.numpy_helper.from_array((0.5 * rng.standard_normal((4, 4))).astype(np.float32), "W"),
+             onnx.numpy_helper.from_array(np.zeros((1, 4), np.float32), "h0"),
+             onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             onnx.numpy_helper.from_array(np.array(True), "true")]
+    if op == "Loop":
+        body = _rnn_body(loop=True)
+        if stop_inside:   # a while loop: stop once the state's sum goes negative
+            body.node.remove(next(n for n in body.node if n.name == "keep_going"))
+            body.node.extend([helper.make_node("ReduceSum", ["h2"], ["s"], name="sum", keepdims=0),
+                              helper.make_node("Greater", ["s", "zero_f"], ["cond_out"], name="positive")])
+            body.initializer.append(onnx.numpy_helper.from_array(np.array(-10.0, np.float32), "zero_f"))
+        nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+                 helper.make_node("Gather", ["shape", "zero"], ["T"], name="T", axis=0),
+                 helper.make_node("Loop", ["T", "true", "h0"], ["hT", "ys"], name="Loop_0", body=body)]
+    else:
+        nodes = [helper.make_node("Scan", ["h0", "x"], ["hT", "ys"], name="Scan_0", body=_rnn_body(loop=False),
+                                  num_scan_inputs=1)]
+    nodes.append(helper.make_node("Mul", ["ys", "two"], ["y"], name="scale"))
+    inits.append(onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, ["T", 1, 4])],
+                              [helper.make_tensor_value_info("y", f, None), helper.make_tensor_value_info("hT", f, None)],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op", ["Loop", "Scan"])
+def test_loop_and_scan_unroll_into_one_scope_per_iteration(tmp_path, op):
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(_rnn_graph(op), str(path))
+    feeds = {"x": np.random.default_rng(1).standard_normal((5, 1, 4)).astype(np.float32)}
+    expected = ort.InferenceSession(str(path)).run(None, feeds)
+    b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "b")
+    names = [r.name for r in b.records]
+    for k in range(5):   # iteration k's values, each under <node>@k (the first call, like a module's, bare)
+        scope = f"{op}_0@{k}" if k else f"{op}_0"
+        assert f"{scope}/Tanh.0" in names and f"{scope}/MatMul.0" in names, names
+    assert f"{op}_0@5/Tanh.0" not in names and not any(r.op == op for r in b.records)
+    # the 4th iteration's state is what ORT's own Loop computed at step 4
+    np.testing.assert_allclose(b.numpy(f"{op}_0@3/Tanh.0"), expected[0][3] / 2, rtol=1e-6)
+    for got, want in zip((b.numpy("output.y"), b.numpy("output.hT")), expected):
+        np.testing.assert_array_equal(got, want)
+    assert any(f"unrolled 1 Loop/Scan" in n for n in b.manifest["runtime"]["notes"])
+    assert tp.diff(b, get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "c")).verdict == "match"
+
+
+def test_a_loop_that_stops_on_its_own_condition_stays_one_op_and_says_so(tmp_path):
+    path = tmp_path / "while.onnx"
+    onnx.save(_rnn_graph("Loop", stop_inside=True), str(path))
+    feeds = {"x": np.random.default_rng(1).standard_normal((5, 1, 4)).astype(np.float32)}
+    expected = ort.InferenceSession(str(path)).run(None, feeds)
+    b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "b")
+    assert any(r.op == "Loop" for r in b.records)
+    assert any("stops on a condition its body computes" in n for n in b.manifest["runtime"]["notes"])
+    np.testing.assert_array_equal(b.numpy("output.y"), expected[0])

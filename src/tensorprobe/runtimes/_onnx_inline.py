@@ -9,7 +9,11 @@ conditions added as outputs), puts the nodes of the branch taken in place of eac
 the `If`s that inlining brought to the top level. The result computes the same outputs for these inputs;
 its nodes are named `/<If node>/then/<node>` (or `else`), so records say which branch they came from
 (`If_0.then/Conv.0`).
-`Loop` and `Scan` bodies stay opaque (captured at their boundary).
+`Loop` and `Scan` nodes whose iteration count the inputs fix (a `Loop` with a trip count and a condition
+its body passes through unchanged, as exported `for` loops are; any `Scan`) are unrolled the same way:
+iteration k's nodes carry the scope `<Loop node>@k`, so records read `Loop_0@3/MatMul.0`, as the 4th call
+of a PyTorch module reads `rnn@3`. A `Loop` that stops on a condition its body computes stays one op,
+captured at its boundary, and a note says so.
 
     >>> model, notes = inline_for_capture(onnx.load("vad.onnx"), feeds, run)   # doctest: +SKIP
     >>> notes
@@ -23,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 MAX_ROUNDS = 16
+MAX_UNROLLED_NODES = 50_000   # a Loop or Scan that would unroll to more nodes stays one op
 
 RunFn = Callable[[Any, dict[str, np.ndarray], list[str]], dict[str, np.ndarray]]
 
@@ -104,41 +109,104 @@ def inline_for_capture(model: Any, feeds: dict[str, np.ndarray], run: RunFn) -> 
         n = len(model.functions)
         model = onnx.inliner.inline_local_functions(model)
         notes.append(f"inlined {n} model-local function(s)")
-    inlined = rounds = 0
+    inlined = unrolled = rounds = 0
     while rounds < MAX_ROUNDS:
         ifs = [n for n in model.graph.node if n.op_type == "If"]
-        if not ifs:
+        loops = [n for n in model.graph.node if n.op_type in ("Loop", "Scan")]
+        if not ifs and not loops:
             break
-        conds = _conditions(model, feeds, [n.input[0] for n in ifs], run)
-        decided = {id(n): conds[n.input[0]] for n in ifs if conds.get(n.input[0]) is not None}
-        if not decided:
+        values = _probe(model, feeds, [n.input[0] for n in ifs] + [v for n in loops for v in _count_inputs(n)], run)
+        decided = {id(n): _truth(values.get(n.input[0])) for n in ifs}
+        decided = {k: v for k, v in decided.items() if v is not None}
+        counts = {id(n): c for n in loops if (c := _iterations(n, values, notes)) is not None}
+        if not decided and not counts:
             break
-        model = _replace_ifs(model, decided)
+        model = _replace(model, decided, counts)
         inlined += len(decided)
+        unrolled += len(counts)
         rounds += 1
     if inlined:
         notes.append(f"inlined {inlined} If node(s) decided by the inputs ({rounds} round(s)); the captured graph "
                      f"computes the same outputs for these inputs only")
+    if unrolled:
+        notes.append(f"unrolled {unrolled} Loop/Scan node(s) whose iteration count the inputs fix; records of "
+                     f"iteration k are named <node>@k")
     return model, notes
 
 
-def _conditions(model: Any, feeds: dict[str, np.ndarray], names: list[str], run: RunFn) -> dict[str, bool | None]:
+def _count_inputs(node: Any) -> list[str]:
+    """The values that fix how often a Loop or Scan runs: the Loop's trip count and first condition, the
+    first scan input of a Scan (its length)."""
+    if node.op_type == "Loop":
+        return [v for v in node.input[:2] if v]
+    n_scan = _attr(node, "num_scan_inputs", 0)
+    return [node.input[len(node.input) - n_scan]] if n_scan else []
+
+
+def _iterations(node: Any, values: dict[str, Any], notes: list[str]) -> int | None:
+    """How many times a Loop or Scan runs on these inputs, or None (with a note) when that is not fixed."""
+    body = _attr(node, "body")
+    label = node.name or node.output[0]
+    if node.op_type == "Scan":
+        axes = _attr(node, "scan_input_axes", [0])
+        value = values.get(_count_inputs(node)[0]) if _count_inputs(node) else None
+        if value is None:
+            return None
+        count = int(np.asarray(value).shape[axes[0] % np.asarray(value).ndim])
+    else:
+        trip = values.get(node.input[0]) if node.input[0] else None
+        first = _truth(values.get(node.input[1])) if len(node.input) > 1 and node.input[1] else True
+        if trip is None or not _passes_condition_through(body):
+            notes.append(f"{node.op_type} {label} stops on a condition its body computes: captured as one op")
+            return None
+        count = int(np.asarray(trip).reshape(-1)[0]) if first else 0
+    if count < 1 or count * len(body.node) > MAX_UNROLLED_NODES:
+        notes.append(f"{node.op_type} {label} runs {count} time(s): captured as one op")
+        return None
+    return count
+
+
+def _passes_condition_through(body: Any) -> bool:
+    """The body's condition output is its condition input (an exported `for` loop), or constant true."""
+    cond_in, cond_out = body.input[1].name, body.output[0].name
+    seen = cond_out
+    made = {o: n for n in body.node for o in n.output}
+    while seen in made and made[seen].op_type == "Identity":
+        seen = made[seen].input[0]
+    if seen == cond_in:
+        return True
+    node = made.get(seen)
+    if node is not None and node.op_type == "Constant":
+        import onnx.numpy_helper
+
+        t = next((a.t for a in node.attribute if a.name == "value"), None)
+        return t is not None and bool(onnx.numpy_helper.to_array(t).all())
+    return False
+
+
+def _attr(node: Any, name: str, default: Any = None) -> Any:
+    import onnx.helper
+
+    a = next((a for a in node.attribute if a.name == name), None)
+    return default if a is None else onnx.helper.get_attribute_value(a)
+
+
+def _probe(model: Any, feeds: dict[str, np.ndarray], names: list[str], run: RunFn) -> dict[str, Any]:
+    """The values of `names` on these inputs: from initializers and feeds, the rest from one run."""
     import onnx.numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
-    out: dict[str, bool | None] = {}
+    out: dict[str, Any] = {}
     wanted = []
     for name in dict.fromkeys(names):
         if name in inits:
-            out[name] = _truth(onnx.numpy_helper.to_array(inits[name]))
+            out[name] = onnx.numpy_helper.to_array(inits[name])
         elif name in feeds:
-            out[name] = _truth(feeds[name])
+            out[name] = feeds[name]
         else:
             wanted.append(name)
     if wanted:
-        probe = _with_outputs(model, wanted)
-        values = run(probe, feeds, wanted)
-        out.update((n, _truth(values.get(n))) for n in wanted)
+        out.update(run(_with_outputs(model, wanted), feeds, wanted))
     return out
 
 
@@ -159,23 +227,131 @@ def _with_outputs(model: Any, names: list[str]) -> Any:
     return probe
 
 
-def _replace_ifs(model: Any, decided: dict[int, bool]) -> Any:
+def _replace(model: Any, decided: dict[int, bool], counts: dict[int, int]) -> Any:
+    """`model` with each decided If replaced by its branch and each counted Loop/Scan unrolled."""
     import onnx
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
     taken = set(_defined(model.graph))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     nodes: list[Any] = []
     for node in model.graph.node:
-        if id(node) not in decided:
+        if id(node) in decided:
+            branch_name = "then_branch" if decided[id(node)] else "else_branch"
+            branch = next(a.g for a in node.attribute if a.name == branch_name)
+            nodes.extend(_branch_nodes(node, branch, "then" if decided[id(node)] else "else", taken, out.graph))
+        elif id(node) in counts:
+            nodes.extend(_unrolled(node, counts[id(node)], taken, out.graph, opset))
+        else:
             nodes.append(node)
-            continue
-        branch_name = "then_branch" if decided[id(node)] else "else_branch"
-        branch = next(a.g for a in node.attribute if a.name == branch_name)
-        nodes.extend(_branch_nodes(node, branch, "then" if decided[id(node)] else "else", taken, out.graph))
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def _unrolled(node: Any, count: int, taken: set[str], graph: Any, opset: int) -> list[Any]:
+    """A Loop or Scan as `count` copies of its body, wired iteration to iteration, writing its outputs.
+
+    Iteration k's nodes get the scope `<node>@k` (metadata the namer reads), its values unique names."""
+    import json
+
+    import onnx
+    from onnx import helper
+
+    from ._onnx_names import SCOPE_KEY, _legacy_components, _scope_from_metadata
+
+    body = _attr(node, "body")
+    label = (node.name or node.output[0]).strip("/").split("/")[-1]
+    outer = list(_scope_from_metadata(node) or [(".".join(_legacy_components(node.name) or []), 0)])
+    outer = [list(c) for c in outer if c[0]]
+    path = f"{outer[-1][0]}.{label}" if outer else label
+    is_loop = node.op_type == "Loop"
+    n_scan_in = 0 if is_loop else _attr(node, "num_scan_inputs", 0)
+    n_state = len(node.input) - (2 if is_loop else n_scan_in)
+    state = [v for v in node.input[2:]] if is_loop else list(node.input[:n_state])
+    scan_in = [] if is_loop else list(node.input[n_state:])
+    in_axes = _attr(node, "scan_input_axes", [0] * n_scan_in) if not is_loop else []
+    in_dirs = _attr(node, "scan_input_directions", [0] * n_scan_in) if not is_loop else []
+    n_scan_out = len(body.output) - (1 if is_loop else 0) - n_state
+    out_axes = _attr(node, "scan_output_axes", [0] * n_scan_out) if not is_loop else [0] * n_scan_out
+    out_dirs = _attr(node, "scan_output_directions", [0] * n_scan_out) if not is_loop else [0] * n_scan_out
+    body_in = [i.name for i in body.input]
+    body_out = [o.name for o in body.output][(1 if is_loop else 0):]
+    made = {o for n in body.node for o in n.output if o}
+
+    def unique(name: str) -> str:
+        new, k = name, 1
+        while new in taken:
+            new, k = f"{name}.{k}", k + 1
+        taken.add(new)
+        return new
+
+    def const(name: str, value: np.ndarray) -> str:
+        name = unique(name)
+        graph.initializer.append(onnx.numpy_helper.from_array(value, name))
+        return name
+
+    def scoped(n: Any, k: int) -> Any:
+        n.metadata_props.append(onnx.StringStringEntryProto(key=SCOPE_KEY, value=json.dumps([*outer, [path, k]])))
+        return n
+
+    nodes: list[Any] = []
+    scans: list[list[str]] = [[] for _ in range(n_scan_out)]
+    for k in range(count):
+        prefix = f"/{path}@{k}"
+        rename = {v: unique(f"{prefix}/{v}") for v in [*body_in, *made, *(i.name for i in body.initializer)]}
+        if is_loop:
+            nodes.append(scoped(helper.make_node("Identity", [const(f"{prefix}/iteration", np.array(k, np.int64))],
+                                                 [rename[body_in[0]]], name=f"{prefix}/iteration"), k))
+            nodes.append(scoped(helper.make_node("Identity", [const(f"{prefix}/cond", np.array(True))],
+                                                 [rename[body_in[1]]], name=f"{prefix}/cond"), k))
+            carried_in = body_in[2:]
+        else:
+            carried_in = body_in[:n_state]
+            for j, v in enumerate(scan_in):
+                index = k if not in_dirs[j] else count - 1 - k
+                nodes.append(scoped(helper.make_node(
+                    "Gather", [v, const(f"{prefix}/index", np.array(index, np.int64))],
+                    [rename[body_in[n_state + j]]], name=f"{prefix}/slice.{j}", axis=in_axes[j]), k))
+        for j, v in enumerate(carried_in):
+            nodes.append(scoped(helper.make_node("Identity", [state[j]], [rename[v]], name=f"{prefix}/state.{j}"), k))
+        for init in body.initializer:
+            new = onnx.TensorProto()
+            new.CopyFrom(init)
+            new.name = rename[init.name]
+            graph.initializer.append(new)
+        for n in body.node:
+            new = onnx.NodeProto()
+            new.CopyFrom(n)
+            new.name = f"{prefix}/{n.name.lstrip('/') or n.op_type}"
+            del new.metadata_props[:]
+            _rename_io(new, rename)
+            nodes.append(scoped(new, k))
+        outs = [rename.get(o, o) for o in body_out]
+        state = outs[:n_state]
+        for j in range(n_scan_out):
+            scans[j].append(outs[n_state + j])
+    n_state_out = n_state
+    for j, o in enumerate(node.output[:n_state_out]):
+        if o:
+            nodes.append(helper.make_node("Identity", [state[j]], [o], name=f"/{path}/output.{j}"))
+    for j, o in enumerate(node.output[n_state_out:]):
+        if not o:
+            continue
+        parts = scans[j] if not out_dirs[j] else scans[j][::-1]
+        axis = out_axes[j]
+        expanded = []
+        for t, v in enumerate(parts):
+            e = unique(f"/{path}/{o}.{t}")
+            if opset >= 13:
+                nodes.append(helper.make_node("Unsqueeze", [v, const(f"/{path}/axes", np.array([axis], np.int64))],
+                                              [e], name=f"/{path}/stack.{j}.{t}"))
+            else:
+                nodes.append(helper.make_node("Unsqueeze", [v], [e], name=f"/{path}/stack.{j}.{t}", axes=[axis]))
+            expanded.append(e)
+        nodes.append(helper.make_node("Concat", expanded, [o], name=f"/{path}/output.{n_state_out + j}", axis=axis))
+    return nodes
 
 
 def _defined(graph: Any) -> list[str]:

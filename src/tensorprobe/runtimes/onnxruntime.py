@@ -143,12 +143,12 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         if ordered is not None:
             self._note("nodes put in topological order (the file lists some before the values they read)")
             model = ordered
-        if len(model.functions) or any(n.op_type == "If" for n in model.graph.node):
+        if len(model.functions) or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
             try:
                 inlined, notes = inline_for_capture(model, feeds, self._values)
                 make_session(inlined, self.threads)
             except Exception as e:
-                self._note(f"If branches and functions left as single ops ({_one_line(e)})")
+                self._note(f"If, Loop and Scan nodes and functions left as single ops ({_one_line(e)})")
             else:
                 self._notes(notes)
                 model = inlined
