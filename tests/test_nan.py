@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -122,12 +124,15 @@ def test_npz_dump_origin(tmp_path):
     assert o.record == "b_norm" and o.output.stats.nonfinite_channels == 1
 
 
-def _norm_feeding_a_mul(tmp_path, name, *, mul_inputs=(), inf_only=False):
+def _norm_feeding_a_mul(tmp_path, name, *, mul_inputs=(), inf_only=False, constant=()):
     """A runtime's bundle in which the instance-norm kernel's output is missing: the first record holding NaN
-    is the AdaIN's `mul`, and the norm's module output (tapped separately) comes later in the bundle."""
+    is the AdaIN's `mul`, and the norm's module output (tapped separately) comes later in the bundle.
+    `constant`: channels of the norm's input (the conv's output) made nearly constant (mean 40, spread 1e-3)."""
     from tests.diff.diff_bundles import write_bundle
 
     x = torch.randn(1, 8, 16)
+    for c in constant:
+        x[:, c] = 40 + 1e-3 * x[:, c]
     bad = x.clone()
     bad[:, [2, 5]] = float("inf") if inf_only else float("nan")
     items = [("input.0", x, {"kind": "model_input", "module": "", "op": "input"}),
@@ -145,6 +150,23 @@ def test_nan_in_an_op_that_cannot_make_nan_is_blamed_on_the_unrecorded_value_and
     text = o.summary()
     assert "born inside blk.adain.norm" in text and "cannot make NaN from finite inputs" in text
     assert "2 of 8 channels" in text and "normalization" in text
+
+
+def test_nan_born_in_a_norm_whose_input_channels_are_constant_says_so_with_the_evidence(tmp_path):
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "b", constant=(2, 5)))
+    assert o.module == "blk.adain.norm"
+    text = " ".join(o.diagnosis)
+    ratios = dict(re.findall(r"channel (\d+): ([0-9.e+]+)", text))
+    assert "2 of 8 channels nearly constant" in text and set(ratios) == {"2", "5"}, text
+    assert all(1e8 < float(r) < 1e11 for r in ratios.values())   # 40² / (1e-3)² over a unit-variance spread
+    assert text.count("E[x²] − E[x]²") == 1   # the general advice is not repeated beside the numbers
+    assert "Every NaN channel (2, 5) is one of them" in text and "E[x²] − E[x]²" in text
+    # the same NaN pattern over an input with no such channels: no cancellation story is told
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "c"))
+    assert o.module == "blk.adain.norm" and "nearly constant" not in " ".join(o.diagnosis)
+    # constant channels elsewhere than the NaN ones: said, and said not to explain them all
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "d", constant=(1,)))
+    assert "are not all among them" in " ".join(o.diagnosis)
 
 
 def test_an_op_whose_inputs_are_all_recorded_or_that_overflows_stays_the_origin(tmp_path):

@@ -68,11 +68,12 @@ def _looks_like_statistic(t: torch.Tensor) -> bool:
     return t.dim() >= 2 and sum(s > 1 for s in t.shape) <= 1
 
 
-def _in_normalization(ev: Evidence) -> bool:
+def in_normalization(ev: Evidence) -> bool:
+    """The op is a normalization kernel, or runs inside a module named or typed as one."""
     return "norm" in ev.module_type.lower() or ev.op in _NORM_OPS
 
 
-_VARIANCE_ADVICE = (
+VARIANCE_ADVICE = (
     "A per-channel statistic went negative: this is a normalization whose variance came out negative "
     "(or zero), typically var = E[x²] − E[x]² with cancellation on channels whose mean is large against "
     "their spread, made worse by reduced precision. Compute the variance as E[(x − mean)²] in float32, "
@@ -91,8 +92,8 @@ def _rule_negative_domain(ev: Evidence) -> list[str]:
     out = []
     if neg and ev.op != "log1p":
         out.append(f"{ev.op} of {neg} negative value{'s' if neg > 1 else ''} (input min {float(x.min()):.3g}).")
-        if _looks_like_statistic(x) or _in_normalization(ev):
-            out.append(_VARIANCE_ADVICE)
+        if _looks_like_statistic(x) or in_normalization(ev):
+            out.append(VARIANCE_ADVICE)
     if zero and ev.op in ("rsqrt", *_LOG_OPS):
         what = "1/sqrt(0) = Inf" if ev.op == "rsqrt" else "log(0) = -Inf"
         out.append(f"{ev.op} of {zero} exact zero{'s' if zero > 1 else ''}: {what}. Add an epsilon or a floor "
@@ -196,8 +197,8 @@ def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats
                         output_stats: TensorStats) -> list[str]:
     """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only)."""
     out = []
-    if _in_normalization(Evidence(op=op, module_type=module_type)) and output_stats.nonfinite_channels:
-        out.append(_VARIANCE_ADVICE)
+    if in_normalization(Evidence(op=op, module_type=module_type)) and output_stats.nonfinite_channels:
+        out.append(VARIANCE_ADVICE)
     if any(op.lower().startswith(p) or p in op.lower() for p in ("exp",)) and input_stats:
         mx = input_stats[0].max
         if mx is not None and mx > exp_overflow_threshold(torch.float16):
@@ -208,3 +209,49 @@ def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats
                    f"{output_stats.posinf + output_stats.neginf} ±Inf); capture with level='op', keep='full' "
                    "for a finer diagnosis.")
     return out
+
+
+# A one-pass variance E[x²] − E[x]² in float32 keeps nothing of the variance once mean² exceeds it by
+# about 1/u (u = 2^-24): the result is rounding noise of either sign, and rsqrt(var + eps) of a negative
+# one is NaN. Channels well past this ratio are where such a backend's normalization breaks.
+ONE_PASS_VARIANCE_LIMIT = 1.0 / 2.0 ** -24 / 16   # ~1e6: the rounding noise reaches ~1/16 of the variance
+ONE_PASS_BACKENDS = "TVM 0.27 and ExecuTorch 1.5.1 compute it that way; ONNX Runtime and PyTorch do not"
+
+
+def normalization_input_evidence(x: torch.Tensor, bad_channels: tuple[int, ...], source: str) -> list[str]:
+    """What the input of a normalization says about NaN in its output channels `bad_channels`.
+
+    Per channel (dim 1), over the normalised axes: mean² / variance, computed in float64. Channels whose
+    ratio passes `ONE_PASS_VARIANCE_LIMIT` lose their variance to cancellation in a one-pass variance.
+
+        >>> x = torch.randn(1, 4, 64); x[:, 2] = 50 + 1e-4 * x[:, 2]
+        >>> normalization_input_evidence(x, (2,), "conv")[0][:60]
+        'The normalization input (conv) has 1 of 4 channels nearly co'
+    """
+    if x.dim() < 3 or not x.is_floating_point() or not bool(torch.isfinite(x).all()):
+        return []
+    dims = [0, *range(2, x.dim())]
+    xd = x.detach().to(torch.float64)
+    var = xd.var(dim=dims, unbiased=False)
+    mean2 = xd.mean(dim=dims) ** 2
+    ratio = torch.where(var > 0, mean2 / var.clamp_min(torch.finfo(torch.float64).tiny), torch.inf)
+    risky = [int(c) for c in torch.nonzero(ratio > ONE_PASS_VARIANCE_LIMIT).flatten()]
+    if not risky:
+        return []
+    shown = "; ".join(f"channel {c}: {_ratio_text(float(ratio[c]))}" for c in risky[:8]) + \
+        (" …" if len(risky) > 8 else "")
+    text = (f"The normalization input ({source}) has {len(risky)} of {x.shape[1]} channels nearly constant "
+            f"(mean² / variance — {shown}). A one-pass variance E[x²] − E[x]² in float32 cancels to rounding noise "
+            f"there, negative as often as not, and rsqrt(variance + eps) of a negative value is NaN; "
+            f"{ONE_PASS_BACKENDS}.")
+    bad = set(bad_channels)
+    if bad and bad <= set(risky):
+        text += (f" Every NaN channel ({', '.join(map(str, sorted(bad)))}) is one of them: compute the variance as "
+                 f"E[(x − mean)²] (two passes, or Welford), or subtract the channel mean before this layer.")
+    elif bad:
+        text += f" The NaN channels ({', '.join(map(str, sorted(bad)))}) are not all among them."
+    return [text]
+
+
+def _ratio_text(r: float) -> str:
+    return "constant" if math.isinf(r) else f"{r:.1e}"

@@ -26,7 +26,8 @@ from torch.utils._pytree import tree_flatten
 
 from .bundle import Bundle
 from .capture import _ModuleStack, op_base_name, op_tensors, user_source_line
-from .diagnose import Evidence, diagnose, diagnose_from_stats
+from .diagnose import Evidence, diagnose, diagnose_from_stats, in_normalization, normalization_input_evidence, \
+    VARIANCE_ADVICE
 from .errors import InputError
 from .record import KIND_MODEL_INPUT, WEIGHT_KINDS, Record, module_label, record_name
 from .stats import TensorStats, compute_stats
@@ -337,12 +338,31 @@ def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> N
                    "(or with the runtime's per-kernel outputs) to see the producer."))
     diagnosis = [first, f"{producer.name} is the module output that holds it: the NaN is born inside "
                         f"{module_label(producer.module)}."]
-    diagnosis += diagnose_from_stats(_op_base(producer.op), producer.module.rsplit(".", 1)[-1], [], producer.stats)
+    evidence = _normalization_evidence(b, producer, records)
+    general = diagnose_from_stats(_op_base(producer.op), producer.module.rsplit(".", 1)[-1], [], producer.stats)
+    diagnosis += evidence + [d for d in general if not (evidence and d == VARIANCE_ADVICE)]   # said with numbers
     return NanOrigin(
         found=True, cause=CAUSE_UNRECORDED, record=producer.name, op=producer.op, module=producer.module,
         op_index=producer.order, output=TensorSummary(producer.name, producer.shape, producer.dtype, producer.stats),
         diagnosis=tuple(diagnosis), ops_checked=n,
         note=None if b.complete else "the bundle is incomplete (its capture did not finish)")
+
+
+def _normalization_evidence(b: Bundle, norm: Record, records: list[Record]) -> list[str]:
+    """For NaN born in a normalization: what its input's channels say (`normalization_input_evidence`).
+
+    The input is the last finite record of the norm's shape made before the norm's first record: a
+    normalization keeps its input's shape, and runtimes record module outputs, not module inputs."""
+    if not in_normalization(Evidence(op=_op_base(norm.op), module_type=norm.module.rsplit(".", 1)[-1])):
+        return []
+    inside = [x.order for x in records if x.module == norm.module or x.module.startswith(f"{norm.module}.")]
+    start = min(inside, default=norm.order)
+    before = [x for x in records if x.order < start and x.shape == norm.shape and x.has_tensor
+              and x.kind in ("output", "model_input") and x.stats.kind == "float" and x.stats.all_finite]
+    if not before:
+        return []
+    x = max(before, key=lambda r: r.order)
+    return normalization_input_evidence(b.tensor(x.name), norm.stats.nonfinite_channel_idx, x.name)
 
 
 def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
