@@ -124,7 +124,7 @@ def test_npz_dump_origin(tmp_path):
     assert o.record == "b_norm" and o.output.stats.nonfinite_channels == 1
 
 
-def _norm_feeding_a_mul(tmp_path, name, *, mul_inputs=(), inf_only=False, constant=()):
+def _norm_feeding_a_mul(tmp_path, name, *, mul_inputs=(), inf_only=False, constant=(), stats_only=False):
     """A runtime's bundle in which the instance-norm kernel's output is missing: the first record holding NaN
     is the AdaIN's `mul`, and the norm's module output (tapped separately) comes later in the bundle.
     `constant`: channels of the norm's input (the conv's output) made nearly constant (mean 40, spread 1e-3)."""
@@ -136,7 +136,7 @@ def _norm_feeding_a_mul(tmp_path, name, *, mul_inputs=(), inf_only=False, consta
     bad = x.clone()
     bad[:, [2, 5]] = float("inf") if inf_only else float("nan")
     items = [("input.0", x, {"kind": "model_input", "module": "", "op": "input"}),
-             ("blk/conv.0", x, {"module": "blk", "op": "aten.convolution.default"}),
+             ("blk/conv.0", x, {"module": "blk", "op": "aten.convolution.default", "stats_only": stats_only}),
              ("blk.adain/mul.0", bad, {"module": "blk.adain", "op": "aten.mul.Tensor", "inputs": mul_inputs}),
              ("blk.adain/add.0", bad, {"module": "blk.adain", "op": "aten.add.Tensor"}),
              ("blk.adain.norm", bad, {"module": "blk.adain.norm", "op": "executorch.output"}),
@@ -167,6 +167,12 @@ def test_nan_born_in_a_norm_whose_input_channels_are_constant_says_so_with_the_e
     # constant channels elsewhere than the NaN ones: said, and said not to explain them all
     o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "d", constant=(1,)))
     assert "are not all among them" in " ".join(o.diagnosis)
+    # the input's statistics only: it names the record to keep, and gives the general advice
+    o = tp.find_nonfinite_in_bundle(_norm_feeding_a_mul(tmp_path, "e", constant=(2, 5), stats_only=True))
+    text = " ".join(o.diagnosis)
+    assert "Its input is most likely blk/conv.0" in text
+    assert "--keep full --include 'blk/conv\\.0|blk\\.adain\\.norm'" in text
+    assert "channel 2:" not in text and "E[x²] − E[x]²" in text   # nothing measured, the general advice given
 
 
 def test_an_op_whose_inputs_are_all_recorded_or_that_overflows_stays_the_origin(tmp_path):

@@ -17,6 +17,7 @@ non-finite), and stops.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -338,9 +339,9 @@ def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> N
                    "(or with the runtime's per-kernel outputs) to see the producer."))
     diagnosis = [first, f"{producer.name} is the module output that holds it: the NaN is born inside "
                         f"{module_label(producer.module)}."]
-    evidence = _normalization_evidence(b, producer, records)
+    evidence, measured = _normalization_evidence(b, producer, records)
     general = diagnose_from_stats(_op_base(producer.op), producer.module.rsplit(".", 1)[-1], [], producer.stats)
-    diagnosis += evidence + [d for d in general if not (evidence and d == VARIANCE_ADVICE)]   # said with numbers
+    diagnosis += evidence + [d for d in general if not (measured and d == VARIANCE_ADVICE)]   # said with numbers
     return NanOrigin(
         found=True, cause=CAUSE_UNRECORDED, record=producer.name, op=producer.op, module=producer.module,
         op_index=producer.order, output=TensorSummary(producer.name, producer.shape, producer.dtype, producer.stats),
@@ -348,21 +349,27 @@ def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> N
         note=None if b.complete else "the bundle is incomplete (its capture did not finish)")
 
 
-def _normalization_evidence(b: Bundle, norm: Record, records: list[Record]) -> list[str]:
-    """For NaN born in a normalization: what its input's channels say (`normalization_input_evidence`).
+def _normalization_evidence(b: Bundle, norm: Record, records: list[Record]) -> tuple[list[str], bool]:
+    """For NaN born in a normalization: what its input's channels say (`normalization_input_evidence`),
+    and whether that was measured (the input's tensor is in the bundle) rather than only pointed at.
 
     The input is the last finite record of the norm's shape made before the norm's first record: a
     normalization keeps its input's shape, and runtimes record module outputs, not module inputs."""
     if not in_normalization(Evidence(op=_op_base(norm.op), module_type=norm.module.rsplit(".", 1)[-1])):
-        return []
+        return [], False
     inside = [x.order for x in records if x.module == norm.module or x.module.startswith(f"{norm.module}.")]
     start = min(inside, default=norm.order)
-    before = [x for x in records if x.order < start and x.shape == norm.shape and x.has_tensor
+    before = [x for x in records if x.order < start and x.shape == norm.shape
               and x.kind in ("output", "model_input") and x.stats.kind == "float" and x.stats.all_finite]
     if not before:
-        return []
+        return [], False
     x = max(before, key=lambda r: r.order)
-    return normalization_input_evidence(b.tensor(x.name), norm.stats.nonfinite_channel_idx, x.name)
+    if not x.has_tensor:   # statistics only: say how to get the evidence, for this one record
+        return [f"Its input is most likely {x.name}; to see whether its channels are nearly constant (mean² ≫ "
+                f"variance: cancellation in a one-pass variance), capture again with --keep full --include "
+                f"'{re.escape(x.name)}|{re.escape(norm.name)}'."], False
+    found = normalization_input_evidence(b.tensor(x.name), norm.stats.nonfinite_channel_idx, x.name)
+    return found, bool(found)
 
 
 def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
