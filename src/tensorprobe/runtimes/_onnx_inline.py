@@ -149,10 +149,11 @@ def _iterations(node: Any, values: dict[str, Any], notes: list[str]) -> int | No
     label = node.name or node.output[0]
     if node.op_type == "Scan":
         axes = _attr(node, "scan_input_axes", [0])
-        value = values.get(_count_inputs(node)[0]) if _count_inputs(node) else None
+        first_scan = _count_inputs(node)
+        value = np.asarray(values[first_scan[0]]) if first_scan and first_scan[0] in values else None
         if value is None:
             return None
-        count = int(np.asarray(value).shape[axes[0] % np.asarray(value).ndim])
+        count = int(value.shape[axes[0] % value.ndim])
     else:
         trip = values.get(node.input[0]) if node.input[0] else None
         first = _truth(values.get(node.input[1])) if len(node.input) > 1 and node.input[1] else True
@@ -332,11 +333,10 @@ def _unrolled(node: Any, count: int, taken: set[str], graph: Any, opset: int) ->
         state = outs[:n_state]
         for j in range(n_scan_out):
             scans[j].append(outs[n_state + j])
-    n_state_out = n_state
-    for j, o in enumerate(node.output[:n_state_out]):
+    for j, o in enumerate(node.output[:n_state]):
         if o:
             nodes.append(helper.make_node("Identity", [state[j]], [o], name=f"/{path}/output.{j}"))
-    for j, o in enumerate(node.output[n_state_out:]):
+    for j, o in enumerate(node.output[n_state:]):
         if not o:
             continue
         parts = scans[j] if not out_dirs[j] else scans[j][::-1]
@@ -350,7 +350,7 @@ def _unrolled(node: Any, count: int, taken: set[str], graph: Any, opset: int) ->
             else:
                 nodes.append(helper.make_node("Unsqueeze", [v], [e], name=f"/{path}/stack.{j}.{t}", axes=[axis]))
             expanded.append(e)
-        nodes.append(helper.make_node("Concat", expanded, [o], name=f"/{path}/output.{n_state_out + j}", axis=axis))
+        nodes.append(helper.make_node("Concat", expanded, [o], name=f"/{path}/output.{n_state + j}", axis=axis))
     return nodes
 
 
