@@ -93,6 +93,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     adapter = get_runtime(runtime)
     adapter.require()
+    adapter.check_options(runtime_options or {}, artifact=artifact is not None)
     step = progress or (lambda text: None)
     with workdir(out, prefix="tensorprobe-compare-") as root:
         step("capturing the PyTorch reference")

@@ -321,3 +321,35 @@ def test_int8_dynamic_quantization_per_layer_drop(kokoro_onnx):
     res = compare(model, inputs, "onnxruntime", artifact=q, out=root / "cmp_int8", min_corr=0.9999)
     corr = [p.metrics["pearson"] for p in res.diff.pairs if p.name.startswith("decode.")]
     assert res.first_divergence is not None and min(corr) < 0.9999
+
+
+def test_compare_cli_passes_runtime_options_and_rejects_unknown_ones_before_running(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "phase.py").write_text(
+        "import torch\n"
+        "class Phase(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.atan2(x * 0, x * 0) + x\n"
+        "def build():\n"
+        "    return Phase(), (torch.ones(2, 3),)\n")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "tensorprobe", "compare", "phase.py:build", *args],
+                              capture_output=True, text=True, cwd=tmp_path)
+
+    # -O reaches the runtime: only the legacy exporter lowers atan2 to a Div whose 0/0 is NaN.
+    p = cli("--runtime", "onnxruntime", "-O", "exporter=legacy", "--json")
+    doc = json.loads(p.stdout)
+    assert p.returncode == 1, p.stderr
+    assert doc["compare"]["runtime_info"]["exporter"] == "legacy"
+    assert doc["compare"]["cand_nan"]["record"] == "<root>/Div.0"
+    # An option the runtime does not take: one line naming it and the ones it takes, exit 2, nothing written.
+    p = cli("--runtime", "onnxruntime", "-O", "random=zeros", "-o", "cmp")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "error: runtime 'onnxruntime' does not take option(s) random; it takes exporter, opset, rules, "
+        "max_bytes, threads"]
+    assert not (tmp_path / "cmp").exists()

@@ -11,12 +11,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import EXIT_BAD_INPUT, TensorprobeError
+from ..errors import EXIT_BAD_INPUT, InputError, TensorprobeError
 
 app = typer.Typer(
     name="tensorprobe",
-    help="Numerical forensics for neural audio models: capture intermediates, find where NaN is born, "
-         "diff a port against its reference, check audio.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -72,13 +70,89 @@ def progress(description: str, enabled: bool = True) -> Iterator[Any]:
         yield advance
 
 
-def run_app() -> None:
-    """Run the Typer app, turning library errors into one line and exit code 2."""
+VERBOSE_FLAGS = ("--verbose", "-v")
+
+# Loggers of the runtimes and their dependencies that print loader noise and deprecation notices on import
+# (torchao's "Failed to load ..._C_mxfp8...so", torch's `_pytree` Enum notices, TVM's and ONNX's info lines).
+THIRD_PARTY_LOGGERS = ("torch", "torchao", "executorch", "onnxscript", "onnx", "onnxruntime", "tvm", "numba",
+                       "matplotlib", "PIL", "mlx", "coremltools")
+
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Show warnings and log lines of the runtimes and libraries tensorprobe uses."),
+) -> None:
+    """Numerical forensics for neural audio models: capture intermediates, find where NaN is born,
+    diff a port against its reference, check audio."""
+
+
+def quiet_third_party() -> None:
+    """Silence warnings and log lines below ERROR from other packages: users read them as "it is broken".
+
+    Python warnings are ignored and third-party loggers raised to ERROR; tensorprobe's own findings are
+    never warnings, so nothing of ours is hidden. `--verbose` keeps everything.
+    """
+    import logging
+    import os
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")   # subprocesses (ExecuTorch, TVM builds) too
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def run_app(argv: list[str] | None = None) -> None:
+    """Run the Typer app, turning library errors into one line and exit code 2.
+
+    `--verbose`/`-v` may stand anywhere on the command line; without it third-party noise is silenced.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(a in VERBOSE_FLAGS for a in args)
+    args = [a for a in args if a not in VERBOSE_FLAGS]
+    if not verbose:
+        quiet_third_party()
     try:
-        app()
+        app(args=args, prog_name="tensorprobe")
     except TensorprobeError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
+
+
+def parse_options(pairs: list[str]) -> dict[str, object]:
+    """`["kernels=true", "threads=2"]` -> `{"kernels": True, "threads": 2}` (bool, int, float, else text)."""
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"runtime option {pair!r} must look like KEY=VALUE")
+        value: object = text
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(text)
+                    break
+                except ValueError:
+                    pass
+        options[key.strip().replace("-", "_")] = value
+    return options
+
+
+def with_options(fn, runtime: str):
+    """Turn an unknown keyword option into one clear error naming the runtime."""
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            if "unexpected keyword argument" in str(e):
+                raise InputError(f"runtime {runtime!r} does not take that option ({e})") from None
+            raise
+    return call

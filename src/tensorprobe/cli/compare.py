@@ -15,7 +15,7 @@ from rich.markup import escape
 from ..compare import compare
 from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
 from ..targets import load_target
-from ._common import JsonOption, app, console, emit_json, fail, progress
+from ._common import JsonOption, app, console, emit_json, fail, parse_options, progress, with_options
 
 
 @app.command("compare")
@@ -27,18 +27,22 @@ def compare_cmd(
                                             "instead of exporting TARGET's model."),
     exporter: Optional[str] = typer.Option(None, "--exporter", help="ONNX exporter: dynamo (default) or legacy."),
     rules: Optional[Path] = typer.Option(None, "--rules", help="Runtime mapping rules (REGEX -> MODULE per line)."),
+    option: list[str] = typer.Option([], "-O", "--option", metavar="KEY=VALUE",
+                                     help="Runtime option, repeatable, as for `capture -O` "
+                                          "(e.g. -O random=zeros, -O backend=xnnpack, -O kernels=true)."),
     min_snr: Optional[float] = typer.Option(None, "--min-snr", help="Minimum SNR in dB (default 60)."),
     min_corr: Optional[float] = typer.Option(None, "--min-corr", help="Minimum Pearson correlation."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run TARGET in PyTorch and in RUNTIME; report the first divergence and the first NaN. Exits 1 on a finding."""
-    opts = {k: v for k, v in {"exporter": exporter, "rules": str(rules) if rules else None}.items() if v}
     try:
+        opts = parse_options(option)
+        opts.update({k: v for k, v in {"exporter": exporter, "rules": str(rules) if rules else None}.items() if v})
         tgt = load_target(target)
         if tgt.kwargs:
             fail(f"TARGET {target!r} returns keyword inputs; compare needs positional inputs")
         with progress(f"comparing {target} in {runtime}", enabled=not json_out) as advance:
-            res = compare(tgt.model, tgt.args, runtime, out=out, min_snr=min_snr, min_corr=min_corr,
+            res = with_options(compare, runtime)(tgt.model, tgt.args, runtime, out=out, min_snr=min_snr, min_corr=min_corr,
                           artifact=artifact, runtime_options=opts, progress=lambda text: advance(1, escape(text)))
     except TensorprobeError as e:
         fail(str(e))

@@ -15,7 +15,7 @@ from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
 from ..nan import NanOrigin, find_first_nonfinite, find_nonfinite_in_bundle
 from ..report.core import render_bundle, render_nan_origin, select_records
 from ..targets import load_target
-from ._common import JsonOption, app, console, emit_json, progress
+from ._common import JsonOption, app, console, emit_json, parse_options, progress, with_options
 
 _BUNDLE_SUFFIXES = (".npz", ".safetensors")
 _ARTIFACT_RUNTIMES = {".onnx": "onnxruntime", ".pte": "executorch"}
@@ -67,7 +67,7 @@ def capture(
             from ..runtimes import get_runtime
 
             adapter = get_runtime(runtime)
-            bundle = _run_forward(target, _with_options(adapter.capture, runtime), tgt.model, tgt.args, out,
+            bundle = _run_forward(target, with_options(adapter.capture, runtime), tgt.model, tgt.args, out,
                                   keep=keep, include=include, exclude=exclude, **options)
         else:
             with progress(f"capturing {target}", enabled=not json_out) as advance:
@@ -84,39 +84,6 @@ def capture(
     _report_capture(bundle, time.perf_counter() - t0, json_out)
 
 
-def parse_options(pairs: list[str]) -> dict[str, object]:
-    """`["kernels=true", "threads=2"]` -> `{"kernels": True, "threads": 2}` (bool, int, float, else text)."""
-    options: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"runtime option {pair!r} must look like KEY=VALUE")
-        value: object = text
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        else:
-            for cast in (int, float):
-                try:
-                    value = cast(text)
-                    break
-                except ValueError:
-                    pass
-        options[key.strip().replace("-", "_")] = value
-    return options
-
-
-def _with_options(fn, runtime: str):
-    """Turn an unknown keyword option into one clear error naming the runtime."""
-    def call(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TypeError as e:
-            if "unexpected keyword argument" in str(e):
-                raise InputError(f"runtime {runtime!r} does not take that option ({e})") from None
-            raise
-    return call
-
-
 def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Path], keep: str,
                       include: Optional[str], exclude: Optional[str], options: dict) -> Bundle:
     from ..runtimes import get_runtime
@@ -126,7 +93,7 @@ def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Pat
     feeds = Bundle.open(inputs)
     named = {r.name: feeds.numpy(r.name) for r in feeds}
     adapter = get_runtime(runtime)
-    return _with_options(adapter.capture_artifact, runtime)(target, named, out, keep=keep, include=include,
+    return with_options(adapter.capture_artifact, runtime)(target, named, out, keep=keep, include=include,
                                                            exclude=exclude, **options)
 
 

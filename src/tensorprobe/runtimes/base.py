@@ -69,12 +69,39 @@ class RuntimeAdapter:
         if not cls.available():
             raise RuntimeUnavailable.missing(cls.package, cls.extra)
 
+    @classmethod
+    def option_names(cls, artifact: bool = False) -> tuple[str, ...] | None:
+        """The keyword options `_prepare` (or `_load`, for an artifact) takes; None when it takes any."""
+        import inspect
+
+        hook = cls._load if artifact else cls._prepare
+        params = list(inspect.signature(hook).parameters.values())
+        if any(p.kind is p.VAR_KEYWORD for p in params) and hook is not RuntimeAdapter._prepare:
+            return None
+        return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], artifact: bool = False) -> None:
+        """Raise InputError naming an option this runtime does not take, before anything runs.
+
+        >>> get_runtime("onnxruntime").check_options({"exporter": "legacy"})     # doctest: +SKIP
+        """
+        known = cls.option_names(artifact)
+        unknown = sorted(set(options) - set(known)) if known is not None else []
+        if unknown:
+            from ..errors import InputError
+
+            raise InputError(f"runtime {cls.name!r} does not take option(s) {', '.join(unknown)}; it takes "
+                             + (", ".join(known) if known else "no options")
+                             + (" for an artifact" if artifact else ""))
+
     # ---- the public verbs -------------------------------------------------------------------------
     def capture(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor], out: str | os.PathLike,
                 *, keep: str = "full", include: str | None = None, exclude: str | None = None,
                 workdir: str | os.PathLike | None = None, **options: Any) -> Bundle:
         """Export `model` to this runtime, run it on `inputs`, and write every intermediate to `out`."""
         self.require()
+        self.check_options(options)
         with _Workdir(workdir) as wd:
             artifact = self._prepare(model, tuple(inputs), wd, **options)
             return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
@@ -85,6 +112,7 @@ class RuntimeAdapter:
                          exclude: str | None = None, **options: Any) -> Bundle:
         """Run an existing artifact (e.g. `model.onnx`) on `inputs` and capture its intermediates."""
         self.require()
+        self.check_options(options, artifact=True)
         artifact = self._load(Path(path), **options)
         return self._capture_artifact(artifact, inputs, out, keep=keep, include=include, exclude=exclude,
                                       model_info={"artifact": str(path)})
