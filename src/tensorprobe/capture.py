@@ -625,3 +625,8 @@ def _pattern(p: re.Pattern | None) -> str | None:
 
 
 __all__ = ["Capture", "capture", "ALIAS_OPS", "RNG_OPS", "ANGLE_OPS", "module_label"]
+
+
+from ._api import make_callable  # noqa: E402
+
+make_callable(__name__, capture)  # `tp.capture(...)` calls it; `tensorprobe.capture.<submodule>` still imports

@@ -156,3 +156,8 @@ def _notes(ref: Bundle, cand: Bundle, report: Any, cand_nan: NanOrigin, escapes:
                      f"counterpart (identity modules like Dropout, values merged by the exporter's optimizer, "
                      f"unused tuple outputs), e.g. {', '.join(unmatched[:3])}")
     return tuple(notes)
+
+
+from ._api import make_callable  # noqa: E402
+
+make_callable(__name__, compare)  # `tp.compare(...)` calls it; `tensorprobe.compare.<submodule>` still imports

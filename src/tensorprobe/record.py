@@ -21,7 +21,6 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 
 from .stats import TensorStats
 
@@ -110,7 +109,7 @@ class Record:
 
 def dtype_name(dtype: Any) -> str:
     """'float32' for torch.float32, numpy float32 and the string 'float32' alike."""
-    if isinstance(dtype, torch.dtype):
+    if type(dtype).__module__ == "torch":   # torch.dtype, without importing torch for NumPy callers
         return str(dtype).removeprefix("torch.")
     return str(getattr(dtype, "name", dtype))
 

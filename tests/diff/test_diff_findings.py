@@ -190,3 +190,53 @@ def test_random_draw_is_not_ranked_as_amplifier(tmp_path):
     rng = report.pair("<root>/rand_like.0")
     assert rng.failed and rng.gain is None
     assert all(a.name != rng.name for a in report.amplifiers)
+
+
+class _OnePassInstanceNorm(nn.Module):
+    """InstanceNorm1d as a port's kernel computes it: variance as E[x²] − E[x]² in float32 (seed 000)."""
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mean * mean
+        return (x - mean) * torch.rsqrt(var + 1e-5)
+
+
+class _NoiseResBlock(nn.Module):
+    """Kokoro's noise_res shape: conv of a near-silent source, instance norm, affine, conv, norm, conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.source = nn.Conv1d(1, 16, 1)
+        self.norm1 = nn.InstanceNorm1d(16)
+        self.conv1 = nn.Conv1d(16, 16, 3, padding=1)
+        self.norm2 = nn.InstanceNorm1d(16)
+        self.post = nn.Conv1d(16, 1, 3, padding=1)
+
+    def forward(self, x):
+        h = 1.5 * self.norm1(self.source(x)) + 0.1
+        return self.post(self.norm2(self.conv1(torch.relu(h))))
+
+
+def test_nan_made_by_a_one_pass_norm_is_the_first_divergence_and_what_follows_inherits_it(tmp_path):
+    torch.manual_seed(0)
+    ref_model = _NoiseResBlock().eval()
+    with torch.no_grad():
+        ref_model.source.bias.copy_(torch.linspace(20.0, 60.0, 16))   # near-constant channels: mean² ≫ variance
+    port = _NoiseResBlock().eval()
+    port.load_state_dict(ref_model.state_dict())
+    port.norm1, port.norm2 = _OnePassInstanceNorm(), _OnePassInstanceNorm()
+    x = 1e-4 * torch.randn(1, 1, 4096)
+    ref = tp.capture(ref_model, x, level="module", keep="full", out=tmp_path / "ref")
+    cand = tp.capture(port, x, level="module", keep="full", out=tmp_path / "cand")
+    born = cand["norm1"].stats
+    assert 0 < born.nonfinite_channels < 16 and ref["norm1"].stats.all_finite   # the port made NaN in some channels
+    assert cand["conv1"].stats.nonfinite_channels == 16                       # and the conv spread it to all
+
+    r = diff(ref, cand)
+    assert r.verdict == "diverged" and r.first_divergence == "norm1"
+    first = r.get("norm1")
+    assert first.cause == "own" and "finite on one side only" in " ".join(first.reasons)   # its inputs match
+    for later in ("conv1", "norm2", "post"):      # all NaN in the port: inherited from norm1, not errors of their own
+        p = r.get(later)
+        assert p.failed and p.cause == "inherited" and p.origin == "norm1", (later, p.cause, p.origin)
+    assert "first divergence at norm1" in r.summary and "its inputs are identical" in r.summary   # source matches

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..errors import EXIT_BAD_INPUT, InputError, TensorprobeError
+from ..logs import quiet_third_party
 
 app = typer.Typer(
     name="tensorprobe",
@@ -72,11 +73,6 @@ def progress(description: str, enabled: bool = True) -> Iterator[Any]:
 
 VERBOSE_FLAGS = ("--verbose", "-v")
 
-# Loggers of the runtimes and their dependencies that print loader noise and deprecation notices on import
-# (torchao's "Failed to load ..._C_mxfp8...so", torch's `_pytree` Enum notices, TVM's and ONNX's info lines).
-THIRD_PARTY_LOGGERS = ("torch", "torchao", "executorch", "onnxscript", "onnx", "onnxruntime", "tvm", "numba",
-                       "matplotlib", "PIL", "mlx", "coremltools")
-
 
 @app.callback()
 def _global_options(
@@ -85,24 +81,6 @@ def _global_options(
 ) -> None:
     """Numerical forensics for neural audio models: capture intermediates, find where NaN is born,
     diff a port against its reference, check audio."""
-
-
-def quiet_third_party() -> None:
-    """Silence warnings and log lines below ERROR from other packages: users read them as "it is broken".
-
-    Python warnings are ignored and third-party loggers raised to ERROR; tensorprobe's own findings are
-    never warnings, so nothing of ours is hidden. `--verbose` keeps everything.
-    """
-    import logging
-    import os
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    os.environ.setdefault("PYTHONWARNINGS", "ignore")   # subprocesses (ExecuTorch, TVM builds) too
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    for name in THIRD_PARTY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def run_app(argv: list[str] | None = None) -> None:

@@ -18,3 +18,8 @@ from .result import (AngleResult, Amplifier, CallSeries, Criteria, DbResult, Dif
 
 __all__ = ["Amplifier", "AngleResult", "CallSeries", "Criteria", "DbResult", "DiffReport", "METRICS",
            "PairResult", "Rule", "align", "compare", "diff", "load_rules", "metric", "parse_rule"]
+
+
+from .._api import make_callable  # noqa: E402
+
+make_callable(__name__, diff)  # `tp.diff(...)` calls it; `tensorprobe.diff.<submodule>` still imports

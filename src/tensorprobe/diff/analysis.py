@@ -101,11 +101,16 @@ def error_of(p: PairResult, passed_on: bool = False) -> float | None:
     return p.rel_err_lower if p.method == METHOD_STATS else None
 
 
+def _passed_on_error(p: PairResult) -> float | None:
+    e = error_of(p, passed_on=True)
+    return math.inf if e is None and p.failed and nonfinite_differs(p) else e
+
+
 def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
                ref_records: Sequence[Record] = ()) -> tuple[list[PairResult], str | None]:
     """Fill `input_rel_err`, `input_name` and `gain` of every pair compared by value."""
-    rel = {p.name: error_of(p, passed_on=True) for p in list(weights) + list(results)
-           if error_of(p, passed_on=True) is not None}
+    # a value finite on one side only carries unbounded error: its consumers inherit it (NaN spreads)
+    rel = {p.name: _passed_on_error(p) for p in list(weights) + list(results) if _passed_on_error(p) is not None}
     sources = _InputSources(results, weights, ref_records)
     # carrier: the latest record (not a random draw) whose error is comparable to the largest so far: the
     # main data path, not a side computation (a style projection carries 1e-7 where the signal carries 1e-4)
@@ -113,13 +118,19 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
     for p in results:
         e = error_of(p)
         known = sources.errors(p, rel, carrier, prev) if p.kind not in (KIND_RNG, KIND_MODEL_INPUT) else []
-        if e is not None:
+        passed_on = rel.get(p.name)
+        if passed_on is not None:
             prev = p.name
-            if e > 0 and p.kind != KIND_RNG and e >= 0.1 * largest:
-                carrier, largest = p.name, max(largest, e)
-        if not known or e is None:
+            if passed_on > 0 and p.kind != KIND_RNG and passed_on >= 0.1 * largest:
+                carrier, largest = p.name, max(largest, passed_on)
+        if not known:
             # A random draw or a model input consumes nothing: its error is made there, not amplified.
             out.append(p)
+            continue
+        if e is None:
+            # no element finite on both sides: no gain, but what it was computed from still tells a
+            # non-finite value it inherited from one born here
+            out.append(replace(p, input_rel_err=max(known)[0], input_name=max(known)[1]))
             continue
         rin, name = max(known)
         gain = e / rin if rin > 0 else (math.inf if e > 0 else None)
@@ -304,6 +315,8 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     local = (p.rounding or 0.0) * LOCAL_UNITS * _reduction_rounding(rec)
     # Inputs that already differ by more than INPUTS_DIFFER carry other data: nothing downstream of them can
     # be told apart from what they bring (a record whose reference is ~0 would otherwise "own" a huge error).
+    if e is None and src is not None and src.failed and nonfinite_differs(src):
+        return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)   # NaN/Inf came in with its input
     if e is None or src is None or (e > OWN_MARGIN * max(local, gain * e_in) and e_in < INPUTS_DIFFER):
         # an input compared by statistics carries only a lower bound of its error: it can't clear this record
         own = src is None or not src.failed or (p.method != METHOD_STATS and src.method != METHOD_STATS)
@@ -328,6 +341,12 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)
 
 
+def nonfinite_differs(p: PairResult) -> bool:
+    """True when some elements are finite on one side only (a NaN or Inf the other side does not have)."""
+    r, c = p.metrics.get("ref_finite_frac"), p.metrics.get("cand_finite_frac")
+    return r is not None and c is not None and r != c
+
+
 def _reduction_rounding(rec: Record | None) -> float:
     """A normalisation's mean over n values accumulates ~sqrt(n) roundings (and it is then divided by the
     channel's spread): the factor its own rounding may reach over one op's."""
@@ -345,8 +364,8 @@ def _output_index(name: str) -> int:
 def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult] = (),
                      forward: Sequence[PairResult] = ()) -> PairResult | None:
     """Where it goes wrong. When a model output fails, the record its error came from (its `origin`); else the
-    first failing record whose error is its own, a weight's or quantization's; then the first amplifier, the
-    first random draw, the first failing record."""
+    first failing record whose error is its own, a weight's or quantization's; then the first amplifier that
+    makes NaN/Inf, the first amplifier, the first random draw, the first failing record."""
     own_causes = (CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_QUANTIZED)
     by_name = {p.name: p for p in forward}
     first_own = next((p for p in failing if p.cause in own_causes), None)
@@ -355,10 +374,14 @@ def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult
         # an earlier error of its own (a bug) still comes first: the output's error may come through it too
         if src is not None and src in failing and (first_own is None or first_own.order >= src.order):
             return src
-    for causes in (own_causes, (CAUSE_AMPLIFIED,), (CAUSE_RANDOM,)):
-        hit = next((p for p in failing if p.cause in causes), None)
-        if hit is not None:
-            return hit
+    amplified = [p for p in failing if p.cause == CAUSE_AMPLIFIED]
+    # an amplifier that turns rounding into NaN/Inf is where a port breaks; earlier finite amplified rounding
+    # is the expected price of a different kernel
+    nonfinite = [p for p in amplified if nonfinite_differs(p)]
+    for hits in ([p for p in failing if p.cause in own_causes], nonfinite, amplified,
+                 [p for p in failing if p.cause == CAUSE_RANDOM]):
+        if hits:
+            return hits[0]
     return failing[0] if failing else None
 
 

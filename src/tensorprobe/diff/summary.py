@@ -169,7 +169,9 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
         if p.input_rel_err:
             return (f" The error is its own: its inputs differ by at most {p.input_rel_err:.2g}, which its op "
                     f"cannot turn into {p.rel_err:.2g}{' (composite module: capture at op level to see which op)' if p.op.startswith('module:') else ''}.")
-        return " The error enters here: its inputs are identical."
+        if p.input_rel_err == 0:
+            return " The error enters here: its inputs are identical."
+        return " The error enters here: no recorded value it is computed from differs."
     return ""
 
 

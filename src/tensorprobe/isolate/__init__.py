@@ -489,3 +489,8 @@ def local_snr_from_json(path: str | os.PathLike) -> dict[str, float]:
 
 __all__ = ["isolate", "IsolateReport", "LayerError", "ModuleCall", "ModuleRunner", "TorchRunner",
            "select_modules", "compare_tensors", "local_snr_from_json", "LOCAL", "INHERITED", "OK", "UNKNOWN"]
+
+
+from .._api import make_callable  # noqa: E402
+
+make_callable(__name__, isolate)  # `tp.isolate(...)` calls it; `tensorprobe.isolate.<submodule>` still imports

@@ -32,6 +32,7 @@ import torch
 
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
+from ..logs import native_stderr_silenced
 from ..record import KIND_MODEL_OUTPUT
 from .base import RuntimeAdapter, RuntimeTensor
 from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import, unsupported_ops_message
@@ -130,7 +131,8 @@ def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str
     except Exception as e:  # the importer raises TypeError/AssertionError/TVMError with the op in the text
         raise InputError(f"TVM Relax could not import the graph: {type(e).__name__}: {_first_line(e)}") from None
     try:
-        return tvm.compile(mod, target=target), counts, changed
+        with native_stderr_silenced():
+            return tvm.compile(mod, target=target), counts, changed
     except Exception as e:
         raise InputError(f"TVM could not compile the graph for {target!r}: {type(e).__name__}: "
                          f"{_first_line(e)}") from None
