@@ -233,7 +233,7 @@ def test_staging_buffers_start_small_grow_and_stay_few(tmp_path):
 
 
 def test_staged_shard_with_a_header_too_big_for_its_room(tmp_path, monkeypatch):
-    import tensorprobe.bundle as bundle_mod
+    import tensorprobe.bundle.writer as bundle_mod
 
     monkeypatch.setattr(bundle_mod, "_HEADER_ROOM", 4096)
     tensors = {f"a.rather.long.module.path.{i:04d}/op.{i}": torch.tensor([float(i)]) for i in range(200)}

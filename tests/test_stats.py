@@ -118,3 +118,46 @@ def test_non_contiguous_and_half_tensors_take_the_torch_path_with_the_same_figur
     assert c.std == pytest.approx(a.std, rel=1e-6)
     h = compute_stats(x.half())
     assert h.std == pytest.approx(a.std, rel=1e-3)
+
+
+_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int32, np.uint8, np.bool_, np.complex64]
+_SHAPES = st.tuples(st.integers(0, 3), st.integers(1, 6), st.integers(1, 40))
+# magnitudes whose sums do not overflow (an overflowing sum is its own story), plus NaN and ±Inf
+_FLOATS = st.floats(-1e4, 1e4, width=16) | st.sampled_from([float("nan"), float("inf"), -float("inf")])
+
+
+@st.composite
+def _arrays(draw):
+    dtype = draw(st.sampled_from(_DTYPES))
+    elements = _FLOATS if np.dtype(dtype).kind in "fc" else None
+    return draw(arrays(dtype, _SHAPES, elements=elements))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_arrays())
+def test_numpy_and_torch_backends_give_the_same_statistics(a):
+    """Bundles and ports' .npz dumps are read with the NumPy backend, captures use torch: both must agree."""
+    from dataclasses import asdict
+
+    s_np = compute_stats(a)
+    s_t = compute_stats(torch.from_numpy(a.copy()))
+    exact = ("numel", "kind", "nan", "posinf", "neginf", "channel_dim", "channels", "nonfinite_channels",
+             "partial_nonfinite_channels", "nonfinite_channel_idx", "finite_frac")
+    d_np, d_t = asdict(s_np), asdict(s_t)
+    assert {k: d_np[k] for k in exact} == {k: d_t[k] for k in exact}
+    for k in ("min", "max", "mean", "std", "absmax"):
+        x, y = d_np[k], d_t[k]
+        assert (x is None) == (y is None), k
+        if x is not None:
+            tol = 1e-3 if a.dtype in (np.float16, np.complex64) else 1e-5
+            assert x == pytest.approx(y, rel=tol, abs=tol * (1 + abs(d_t["absmax"] or 0))), k
+
+
+def test_reading_statistics_of_arrays_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; from tensorprobe.stats import compute_stats, tensor_digest; "
+            "x = np.ones((1, 4, 3), np.float32); x[0, 1] = np.nan; s = compute_stats(x); tensor_digest(x); "
+            "assert (s.nan, s.nonfinite_channel_idx) == (3, (1,)), s; assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import sys
 import tempfile
 import warnings
 import weakref
@@ -43,122 +42,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from .bundle import Bundle, BundleWriter, describe_inputs
+from .bundle import Bundle
+from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import InputError
 from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, WEIGHT_KINDS, Record,
                      dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
+from .hooks import (ModuleStack, module_tensors, op_base_name, op_full_name, op_tensors,
+                    user_source_line)
+from .ops import ALIAS_OPS, ANGLE_OPS, RNG_OPS, SKIP_OPS
 from .weights import named_weights
 
 LEVELS = ("module", "op")
 KEEPS = ("stats", "full")
-
-# Ops whose output aliases an input with the same elements: recording them would only repeat data.
-ALIAS_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand",
-    "alias", "detach", "lift_fresh", "view_as_real", "view_as_complex", "_reshape_alias", "flatten",
-    "unflatten", "movedim", "contiguous", "clone", "numpy_T", "expand_as", "view_as",
-})
-# Ops that draw from a random generator.
-RNG_OPS = frozenset({
-    "randn", "randn_like", "rand", "rand_like", "randint", "randint_like", "randperm", "normal", "normal_",
-    "uniform_", "bernoulli", "bernoulli_", "multinomial", "native_dropout", "exponential_", "geometric_",
-    "cauchy_", "log_normal_", "random_", "poisson", "rrelu_with_noise", "_standard_gamma", "binomial",
-})
-# Ops whose outputs are angles (compared modulo 2π by diff).
-ANGLE_OPS = frozenset({"atan2", "angle"})
-# Ops that never carry numerical information worth a record.
-SKIP_OPS = frozenset({"_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "copy_", "set_", "empty",
-                      "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "is_same_size",
-                      "_has_compatible_shallow_copy_type", "is_nonzero"})
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_OWN_DIR = os.path.dirname(__file__)
-_EXAMPLES_DIR = os.path.join(_OWN_DIR, "examples")
-
-
-def op_tensors(*groups: Any) -> list[torch.Tensor]:
-    """Tensors among an aten op's arguments or outputs: a tensor, or tensors in a tuple/list/dict (and one
-    level of lists inside, e.g. `cat`'s). torch's pytree would do too, at ~10x the cost on every op."""
-    out: list[torch.Tensor] = []
-    for g in groups:
-        if isinstance(g, torch.Tensor):
-            out.append(g)
-            continue
-        for a in (g.values() if isinstance(g, dict) else g if isinstance(g, (list, tuple)) else ()):
-            if isinstance(a, torch.Tensor):
-                out.append(a)
-            elif isinstance(a, (list, tuple)):
-                out.extend(x for x in a if isinstance(x, torch.Tensor))
-    return out
-
-
-_BASE_NAMES: dict[Any, str] = {}
-_FULL_NAMES: dict[Any, str] = {}
-
-
-def op_base_name(func: Any) -> str:
-    """'aten.rsqrt.default' -> 'rsqrt' (cached: asked for on every op)."""
-    name = _BASE_NAMES.get(func)
-    if name is None:
-        name = _BASE_NAMES[func] = func._schema.name.split("::")[-1]
-    return name
-
-
-def op_full_name(func: Any) -> str:
-    """'aten.rsqrt.default' (cached: `str()` of an op overload costs ~4 µs)."""
-    name = _FULL_NAMES.get(func)
-    if name is None:
-        name = _FULL_NAMES[func] = str(func)
-    return name
-
-
-def module_tensors(value: Any) -> list[torch.Tensor]:
-    """Tensors in a module's inputs or output, at any depth; the common cases (a tensor, a flat tuple of
-    tensors) without torch's pytree, which costs ~10 µs a call."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
-        return list(value)
-    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
-
-
-def user_source_line() -> str | None:
-    """`file.py:123 (function)` of the innermost frame outside torch and tensorprobe's own machinery."""
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        ours = fn.startswith(_OWN_DIR) and not fn.startswith(_EXAMPLES_DIR)
-        if not ours and not fn.startswith(_TORCH_DIR) and not fn.startswith("<frozen"):
-            return f"{fn}:{f.f_lineno} ({f.f_code.co_name})"
-        f = f.f_back
-    return None
-
-
-class _ModuleStack:
-    """Which module is running now, and how often each module has been called (for `@<call>` names)."""
-
-    def __init__(self) -> None:
-        self.stack: list[tuple[str, int]] = []
-        self.calls: dict[str, int] = {}
-
-    def enter(self, path: str) -> int:
-        call = self.calls.get(path, -1) + 1
-        self.calls[path] = call
-        self.stack.append((path, call))
-        return call
-
-    def exit(self, path: str) -> None:
-        # Pop up to and including `path`: a module that raised may have left entries behind.
-        while self.stack:
-            if self.stack.pop()[0] == path:
-                break
-
-    @property
-    def current(self) -> tuple[str, int]:
-        return self.stack[-1] if self.stack else ("", 0)
-
 
 class _Recorder:
     """The recording funnel: names, filters, statistics and storage of every captured tensor."""
@@ -222,7 +119,7 @@ _ALWAYS_STORED = (KIND_RNG, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)
 class _OpMode(TorchDispatchMode):
     """Sees every aten op. Records op outputs (level="op") or only random ops (level="module")."""
 
-    def __init__(self, recorder: _Recorder, modules: _ModuleStack, all_ops: bool, replay: Any = None):
+    def __init__(self, recorder: _Recorder, modules: ModuleStack, all_ops: bool, replay: Any = None):
         super().__init__()
         self.recorder = recorder
         self.modules = modules
@@ -429,7 +326,7 @@ class Capture:
                                                  "include": _pattern(self.include), "exclude": _pattern(self.exclude),
                                                  "replay_rng": self.replay.tape.origin if self.replay else None},
             inputs=inputs, reuse_buffers=self.keep == "full", **kw)
-        self._modules = _ModuleStack()
+        self._modules = ModuleStack()
         self._recorder = _Recorder(self._writer, self.keep, self.include, self.exclude, self.channel_dim,
                                    self.on_record)
 
@@ -624,7 +521,7 @@ def _pattern(p: re.Pattern | None) -> str | None:
 
 
 
-__all__ = ["Capture", "capture", "ALIAS_OPS", "RNG_OPS", "ANGLE_OPS", "module_label"]
+__all__ = ["Capture", "capture", "module_label"]
 
 
 from ._api import make_callable  # noqa: E402

@@ -43,6 +43,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .bundle import Bundle, atomic_write_bytes
+from .hooks import ModuleStack, op_base_name, user_source_line
+from .ops import RNG_OPS
 from .errors import BundleError, InputError
 from .record import KIND_RNG, Record, dtype_name, record_name
 
@@ -240,9 +242,8 @@ class RngReplay:
 
     # ---- standalone use: a dispatch mode (and module hooks for names when `model` is given) -----------
     def __enter__(self) -> "RngReplay":
-        from .capture import _ModuleStack
         if self.model is not None:
-            self._modules = _ModuleStack()
+            self._modules = ModuleStack()
             for path, mod in self.model.named_modules():
                 self._hooks.append(mod.register_forward_pre_hook(_enter_hook(self._modules, path)))
                 self._hooks.append(mod.register_forward_hook(_exit_hook(self._modules, path), always_call=True))
@@ -265,7 +266,6 @@ class _ReplayMode(TorchDispatchMode):
         self.replay = replay
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from .capture import RNG_OPS, op_base_name, user_source_line
         if op_base_name(func) not in RNG_OPS:
             return func(*args, **(kwargs or {}))
         name = None

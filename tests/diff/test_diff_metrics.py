@@ -59,7 +59,7 @@ def test_torch_fallback_gives_the_same_sums(monkeypatch):
 
 
 @pytest.mark.parametrize("n", [1, 2047, 2049, 70_001, 3_000_000])  # sub-block, block and thread edges
-def test_vectorized_finite_path_matches_the_torch_pass(monkeypatch, n):
+def test_vectorized_finite_path_matches_the_numpy_pass(monkeypatch, n):
     g = np.random.default_rng(n)
     r = g.standard_normal(n).astype(np.float32)
     r[::5] = 0.0  # relative error over exact zeros: the floor decides

@@ -15,7 +15,7 @@ import math
 import numba
 import numpy as np
 
-from .metrics import BLOCK
+BLOCK = 1 << 16          # elements per float64 partial sum
 
 _TWO_PI = 2.0 * math.pi
 _FM = {"reassoc", "contract", "nsz", "arcp"}  # no "nnan"/"ninf": NaN must stay detectable

@@ -27,7 +27,7 @@ from ..record import Record
 from ..stats import TensorStats
 
 FLOAT, INT, BOOL, COMPLEX = "float", "int", "bool", "complex"
-# Relative uncertainty of recorded statistics (of float data: see `stats._float_stats`), per unit of
+# Relative uncertainty of recorded statistics (of float data: see `stats.torch_backend._float_stats`), per unit of
 # rms/std for the std. Measured worst cases: mean 1.6e-7, std 5.7e-6 at rms/std = 30 (float32).
 STATS_REL_UNCERTAINTY = 2e-6
 

@@ -134,7 +134,7 @@ def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteri
                     db_scale: str | None, base: dict, floor: float | None) -> PairResult:
     r, c = pair.ref, pair.cand
     exact = value_kind(r) in (INT, BOOL)
-    rt, ct = ref_b.tensor(r.name), cand_b.tensor(c.name)
+    rt, ct = ref_b.numpy(r.name), cand_b.numpy(c.name)
     if exact:
         sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r), atol=0.0, rtol=0.0)
     else:

@@ -9,8 +9,8 @@ Values become dB according to a scale:
     db     already in dB       x
     auto   mag when every reference value is >= 0, else ln
 
-    >>> import torch
-    >>> r = torch.full((4,), 1.0); c = torch.full((4,), 2.0)
+    >>> import numpy as np
+    >>> r = np.full(4, 1.0); c = np.full(4, 2.0)
     >>> round(db_error(r, c, "mag").max_abs_db, 2)
     6.02
 """
@@ -18,35 +18,43 @@ Values become dB according to a scale:
 from __future__ import annotations
 
 import math
+from typing import Any
 
-import torch
+import numpy as np
 
 from .result import DbResult
 
 DB_SCALES = ("auto", "mag", "power", "ln", "db")
 
 
-def to_db(x: torch.Tensor, scale: str) -> torch.Tensor:
+def to_db(x: np.ndarray, scale: str) -> np.ndarray:
     """Values of `x` (float64) in dB under `scale` (not 'auto')."""
     if scale == "mag":
-        return 20.0 * torch.log10(x.abs().clamp_min(1e-5))
+        return 20.0 * np.log10(np.maximum(np.abs(x), 1e-5))
     if scale == "power":
-        return 10.0 * torch.log10(x.abs().clamp_min(1e-10))
+        return 10.0 * np.log10(np.maximum(np.abs(x), 1e-10))
     if scale == "ln":
         return x * (20.0 / math.log(10.0))
     return x
 
 
-def db_error(ref: torch.Tensor, cand: torch.Tensor, scale: str = "auto") -> DbResult:
-    """|ΔdB| statistics over the elements finite on both sides (spectrogram-sized: loaded whole)."""
-    r = ref.detach().reshape(-1).double()
-    c = cand.detach().reshape(-1).double()
-    ok = torch.isfinite(r) & torch.isfinite(c)
+def db_error(ref: Any, cand: Any, scale: str = "auto") -> DbResult:
+    """|ΔdB| statistics over the elements finite on both sides (spectrogram-sized: loaded whole).
+    `ref`, `cand`: NumPy arrays or torch tensors."""
+    r, c = _float64(ref), _float64(cand)
+    ok = np.isfinite(r) & np.isfinite(c)
     r, c = r[ok], c[ok]
     if scale == "auto":
-        scale = "mag" if r.numel() == 0 or float(r.min()) >= 0 else "ln"
-    if r.numel() == 0:
+        scale = "mag" if r.size == 0 or float(r.min()) >= 0 else "ln"
+    if r.size == 0:
         return DbResult(scale, math.nan, math.nan, math.nan)
-    d = (to_db(c, scale) - to_db(r, scale)).abs()
-    return DbResult(scale=scale, mean_abs_db=float(d.mean()), median_abs_db=float(d.median()),
+    d = np.abs(to_db(c, scale) - to_db(r, scale))
+    # torch's median is the lower middle element for an even count; keep that figure
+    return DbResult(scale=scale, mean_abs_db=float(d.mean()), median_abs_db=float(np.sort(d)[(d.size - 1) // 2]),
                     max_abs_db=float(d.max()))
+
+
+def _float64(x: Any) -> np.ndarray:
+    if not isinstance(x, np.ndarray) and type(x).__module__.startswith("torch"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64).reshape(-1)

@@ -10,13 +10,14 @@ is then a small function of those sums, registered in `METRICS`:
     (60.0, 1.0, True)
 
 Exactness: each element is widened to float64 before any arithmetic; products and sums are float64,
-accumulated in blocks of `BLOCK` elements whose partial sums are added pairwise (NumPy), so results agree
+accumulated in blocks of `_kernel.BLOCK` elements whose partial sums are added pairwise (NumPy), so results agree
 with a float64 NumPy computation to ~1e-12 relative even on billions of elements. Float32 sums would
 not (a cosine of 1.08 on large tensors). Centered sums use each side's mean (from the record statistics)
 as a shift, so Pearson correlation does not suffer cancellation when the mean is large against the spread.
 
 Speed: the pass is a Numba kernel (Numba ships with librosa, a dependency) run over memory-mapped data
-with one thread per core; without Numba a chunked torch float64 fallback gives the same sums, slower.
+with one thread per core; without Numba a chunked NumPy float64 fallback gives the same sums, slower.
+Torch tensors are accepted (viewed as NumPy on the CPU); NumPy arrays never import torch.
 
 Angles: with `angle=True` the difference is wrapped into (-π, π] before use (the candidate is treated as
 `ref + wrap(cand - ref)`), and elements whose raw difference exceeds π are counted as branch-cut flips.
@@ -29,9 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
-BLOCK = 1 << 16          # elements per float64 partial sum
 CHUNK = 1 << 22          # elements converted at a time for dtypes the kernel does not read directly
 TWO_PI = 2.0 * math.pi
 
@@ -187,13 +186,13 @@ def accumulate(ref: Any, cand: Any, *, shift_r: float = 0.0, shift_c: float = 0.
         angle: compare modulo 2π.
     """
     r, c = _flat(ref), _flat(cand)
-    if r.numel() != c.numel():
-        raise ValueError(f"element counts differ: {r.numel()} vs {c.numel()}")
-    n = r.numel()
+    if r.size != c.size:
+        raise ValueError(f"element counts differ: {r.size} vs {c.size}")
+    n = r.size
     kernel = _kernel()
     direct = kernel is not None and r.dtype in _DIRECT and c.dtype in _DIRECT
     step = max(n, 1) if direct else CHUNK
-    run = kernel if kernel is not None else _torch_pass
+    run = kernel if kernel is not None else _numpy_pass
     acc = _Acc()
     for lo in range(0, n, step):
         acc.add(*run(_readable(r[lo:lo + step]), _readable(c[lo:lo + step]),
@@ -226,24 +225,31 @@ class _Acc:
         return Sums(n=n, shift_r=shift_r, shift_c=shift_c, **vals)
 
 
-def _flat(x: Any) -> torch.Tensor:
-    t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
-    t = t.detach()
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.reshape(-1)
+def _flat(x: Any) -> np.ndarray:
+    """A flat NumPy view of `x` (complex as interleaved real/imaginary parts); torch tensors go to the CPU."""
+    if not isinstance(x, np.ndarray) and type(x).__module__.startswith("torch"):
+        import torch
+
+        t = x.detach().cpu()
+        if t.is_complex():
+            t = torch.view_as_real(t.resolve_conj())
+        if t.dtype == torch.bfloat16:   # NumPy has no bfloat16: widened exactly
+            t = t.float()
+        x = t.contiguous().numpy()
+    a = np.ascontiguousarray(x)
+    if a.dtype.kind == "c":
+        a = a.view(a.real.dtype)
+    return a.reshape(-1)
 
 
-_DIRECT = (torch.float32, torch.float64)
+_DIRECT = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _readable(t: torch.Tensor) -> Any:
-    """A NumPy view (no copy) for float32/float64; other dtypes are widened chunk by chunk."""
-    if t.dtype not in _DIRECT:
-        t = t.to(torch.float64 if t.dtype in (torch.int64, torch.int32) else torch.float32)
-    return t.numpy()
+def _readable(a: np.ndarray) -> np.ndarray:
+    """`a` itself (no copy) for float32/float64; other dtypes are widened chunk by chunk."""
+    if a.dtype not in _DIRECT:
+        a = a.astype(np.float64 if a.dtype in (np.int64, np.int32, np.uint32, np.uint64) else np.float32)
+    return a
 
 
 _KERNEL: Any = False
@@ -261,21 +267,21 @@ def _kernel() -> Any:
     return _KERNEL
 
 
-def _torch_pass(r: np.ndarray, c: np.ndarray, shift_r: float, shift_c: float, floor: float,
+def _numpy_pass(r: np.ndarray, c: np.ndarray, shift_r: float, shift_c: float, floor: float,
                 atol: float, rtol: float, angle: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Same sums as the Numba kernel, with torch float64 ops on the chunk (fallback and cross-check)."""
-    rd, cd = torch.from_numpy(r).double(), torch.from_numpy(c).double()
-    fr, fc = torch.isfinite(rd), torch.isfinite(cd)
+    """Same sums as the Numba kernel, with NumPy float64 ops on the chunk (fallback and cross-check)."""
+    rd, cd = r.astype(np.float64), c.astype(np.float64)
+    fr, fc = np.isfinite(rd), np.isfinite(cd)
     both = fr & fc
     rd, cd = rd[both], cd[both]
     raw = cd - rd
-    d = raw - TWO_PI * torch.round(raw / TWO_PI) if angle else raw
-    ad = d.abs()
+    d = raw - TWO_PI * np.round(raw / TWO_PI) if angle else raw
+    ad = np.abs(d)
     rr, cc = rd - shift_r, rd + d - shift_c
-    viol = (ad > atol + rtol * rd.abs()).sum()
+    viol = np.count_nonzero(ad > atol + rtol * np.abs(rd))
     sums = [fr.sum(), fc.sum(), both.sum(), (fr != fc).sum(), ad.sum(), rr.sum(), cc.sum(), (rr * rr).sum(),
             (cc * cc).sum(), (rr * cc).sum(), (d * d).sum(), (raw * raw).sum(),
-            (raw.abs() > math.pi).sum() if angle else 0, viol]
-    maxes = [ad.max() if ad.numel() else 0.0, (ad / (rd.abs() + floor)).max() if ad.numel() else 0.0,
-             raw.abs().max() if ad.numel() else 0.0]
-    return (np.array([float(v) for v in sums], np.float64), np.array([float(v) for v in maxes], np.float64))
+            np.count_nonzero(np.abs(raw) > math.pi) if angle else 0, viol]
+    maxes = [ad.max() if ad.size else 0.0, (ad / (np.abs(rd) + floor)).max() if ad.size else 0.0,
+             np.abs(raw).max() if ad.size else 0.0]
+    return np.array([float(v) for v in sums], np.float64), np.array([float(v) for v in maxes], np.float64)

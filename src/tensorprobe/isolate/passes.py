@@ -33,8 +33,9 @@ from ..diff.core import judge
 from ..diff.metrics import accumulate, evaluate
 from ..diff.result import Criteria
 from ..errors import TensorprobeError
+from ..hooks import module_hooks, op_base_name
+from ..ops import RNG_OPS
 from ..record import module_label, record_name
-from ..hooks import module_hooks
 from .noise import RoundingFloors, dtype_str, rounding_units
 
 _EPS32 = 1.1920929e-07
@@ -100,7 +101,6 @@ class NoiseTap(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        from ..capture import RNG_OPS, op_base_name
         self._rng_ops, self._base = RNG_OPS, op_base_name
         self.noise: list[torch.Tensor] = []
         self.paused = False

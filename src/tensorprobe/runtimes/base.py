@@ -29,7 +29,8 @@ from typing import Any, ClassVar, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..bundle import Bundle, BundleWriter
+from ..bundle import Bundle
+from ..bundle.writer import BundleWriter
 from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, Record, dtype_name

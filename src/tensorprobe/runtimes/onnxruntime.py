@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from ..bundle import populated_bytes
+from ..bundle.writer import populated_bytes
 from ..errors import InputError, TargetError
 from ..record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse_name
 from ._onnx_names import (MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, graph_weights,

@@ -1,24 +1,4 @@
-"""The bundle: a directory that any framework can read.
-
-    my_capture/
-        manifest.json              format version, producer, model/runtime, input hashes, records
-        tensors-00000.safetensors  tensor data (keep="full"), in shards of at most `shard_bytes`
-        tensors-00001.safetensors
-        records.jsonl              journal, present only while a capture is running
-
-`BundleWriter` streams: tensors are buffered up to one shard and flushed, so peak memory does not grow
-with the number of captured tensors. Each record is appended to the journal as it is made; if the process
-dies mid-capture the journal still yields a readable bundle marked incomplete. `close(error=...)` records
-the exception of a forward that raised (often exactly what is being debugged).
-
-`Bundle.open` reads a bundle directory lazily (shards are memory-mapped by safetensors), and also opens
-a plain `.safetensors` or `.npz` file of named tensors, as dumped by a Swift/MLX/C++ port, computing
-statistics on load.
-
-    >>> b = Bundle.open("my_capture")                         # doctest: +SKIP
-    >>> [r.name for r in b if not r.stats.all_finite][:1]     # doctest: +SKIP
-    ['decoder.generator.noise_res.0.adain1.0.norm/rsqrt.0']
-"""
+"""`BundleWriter`: stream records and tensors of a capture into a bundle directory (needs torch)."""
 
 from __future__ import annotations
 
@@ -29,48 +9,23 @@ import os
 import platform
 import queue
 import shutil
-import struct
 import threading
 import traceback
-import zipfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
-import safetensors
 import safetensors.torch
 import torch
 
-from . import __version__
-from .errors import BundleError
-from .record import KIND_OUTPUT, OP_UNKNOWN, Record, dtype_name
-from .stats import compute_stats
+from .. import __version__
+from ..errors import BundleError
+from ..record import Record, dtype_name
+from .format import (DEFAULT_SHARD_BYTES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE,
+                     STATUS_INCOMPLETE, STATUS_RUNNING, atomic_write_bytes, safetensors_header)
+from .reader import Bundle, _TensorSource
 
-FORMAT = "tensorprobe-bundle"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-JOURNAL = "records.jsonl"
-DEFAULT_SHARD_BYTES = 128 << 20
 _JOURNAL_BATCH = 256  # records journaled together (a crash loses at most the records since the last batch)
-
-STATUS_COMPLETE = "complete"
-STATUS_INCOMPLETE = "incomplete"
-STATUS_RUNNING = "running"
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file renamed into place: readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def tensor_sha256(t: torch.Tensor | np.ndarray) -> str:
@@ -86,6 +41,17 @@ def tensor_sha256(t: torch.Tensor | np.ndarray) -> str:
 def producer_info() -> dict[str, str]:
     return {"name": "tensorprobe", "version": __version__, "python": platform.python_version(),
             "torch": torch.__version__, "platform": platform.platform()}
+
+
+def describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for name, t in inputs.items():
+        if isinstance(t, (torch.Tensor, np.ndarray)):
+            out.append({"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype),
+                        "sha256": tensor_sha256(t)})
+        else:
+            out.append({"name": name, "value": repr(t)[:200]})
+    return out
 
 
 class BundleWriter:
@@ -343,23 +309,6 @@ _HEADER_ROOM = 1 << 20  # bytes kept in front of a staging buffer's data for the
 _FIRST_STAGE = 1 << 20  # data capacity of the first staging buffer of a capture
 
 
-def safetensors_header(entries: Any, metadata: dict[str, str] | None = None, align: int = 8) -> bytes:
-    """The head of a safetensors file: u64 length + JSON, space-padded so the data starts at a multiple of
-    `align` (the format allows trailing spaces in the header).
-
-    `entries` yields `(name, dtype code, shape, begin, end)`, offsets relative to the data section.
-
-    >>> len(safetensors_header([("x", "F32", (2,), 0, 8)], align=64))
-    64
-    """
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    for name, code, shape, begin, end in entries:
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [begin, end]}
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-(8 + len(head)) % align)
-    return struct.pack("<Q", len(head)) + head
-
-
 class _StagedShard:
     """Tensors packed back to back (no gaps: safetensors forbids holes) in one staging buffer, and written
     as a safetensors file straight from it: the header goes in the room kept in front of the data, and
@@ -472,265 +421,3 @@ def populated_bytes(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(mem, dtype=torch.uint8)  # the tensor keeps the mapping alive
 
 
-def describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for name, t in inputs.items():
-        if isinstance(t, (torch.Tensor, np.ndarray)):
-            out.append({"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype),
-                        "sha256": tensor_sha256(t)})
-        else:
-            out.append({"name": name, "value": repr(t)[:200]})
-    return out
-
-
-class Bundle:
-    """A captured set of records, read lazily. Open with `Bundle.open(path)`."""
-
-    def __init__(self, path: Path, manifest: dict[str, Any], records: list[Record],
-                 tensor_source: "_TensorSource"):
-        self.path = path
-        self.manifest = manifest
-        self.records = records
-        self._by_name = {r.name: r for r in records}
-        self._source = tensor_source
-
-    @classmethod
-    def open(cls, path: str | os.PathLike) -> "Bundle":
-        """Open a bundle directory, or a plain `.safetensors` / `.npz` file of named tensors.
-
-        Raises:
-            BundleError: missing, corrupt, truncated or unsafe bundle (the message names the file).
-        """
-        p = Path(path)
-        if not p.exists():
-            raise BundleError(f"{p}: no such bundle (expected a directory with {MANIFEST}, "
-                              "a .safetensors or a .npz file)")
-        if p.is_dir():
-            return _open_dir(p)
-        if p.suffix == ".npz":
-            return _open_npz(p)
-        if p.suffix == ".safetensors":
-            return _open_safetensors_file(p)
-        raise BundleError(f"{p}: not a bundle (expected a directory, .safetensors or .npz)")
-
-    @property
-    def complete(self) -> bool:
-        return self.manifest.get("status") == STATUS_COMPLETE
-
-    @property
-    def error(self) -> dict | None:
-        return self.manifest.get("error")
-
-    @property
-    def runtime(self) -> dict:
-        return self.manifest.get("runtime", {})
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __iter__(self) -> Iterator[Record]:
-        return iter(self.records)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._by_name
-
-    def __getitem__(self, name: str) -> Record:
-        try:
-            return self._by_name[name]
-        except KeyError:
-            raise BundleError(f"{self.path}: no record named {name!r}") from None
-
-    def get(self, name: str) -> Record | None:
-        return self._by_name.get(name)
-
-    def tensor(self, name: str) -> torch.Tensor:
-        """The stored data of record `name` (memory-mapped where the format allows)."""
-        rec = self[name]
-        if not rec.has_tensor:
-            raise BundleError(f"{self.path}: record {name!r} has statistics only "
-                              "(capture with keep='full' to store tensors)")
-        return self._source.get(rec)
-
-    def numpy(self, name: str) -> np.ndarray:
-        t = self.tensor(name)
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        return t.numpy()
-
-    def close(self) -> None:
-        self._source.close()
-
-    def __enter__(self) -> "Bundle":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"Bundle({str(self.path)!r}, records={len(self.records)}, status={self.manifest.get('status')!r})"
-
-
-class _TensorSource:
-    """Reads tensors from safetensors shards of a bundle directory, opening each shard once."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self._handles: dict[str, Any] = {}
-
-    def get(self, rec: Record) -> torch.Tensor:
-        shard = rec.shard
-        assert shard is not None
-        h = self._handles.get(shard)
-        if h is None:
-            path = self.root / shard
-            try:
-                h = safetensors.safe_open(str(path), framework="pt")
-            except Exception as e:  # safetensors raises its own error type for corrupt headers
-                raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
-            self._handles[shard] = h
-        try:
-            t = h.get_tensor(rec.name)
-        except Exception as e:
-            raise BundleError(f"{self.root / shard}: can't read tensor {rec.name!r} ({e})") from None
-        if rec.dtype == "complex128" and not t.is_complex():
-            t = torch.view_as_complex(t)  # stored as (re, im) pairs: see BundleWriter.add
-        return t
-
-    def close(self) -> None:
-        self._handles.clear()
-
-
-def _check_shard_path(root: Path, shard: str) -> None:
-    if os.path.isabs(shard) or ".." in Path(shard).parts or "/" in shard or "\\" in shard:
-        raise BundleError(f"{root / MANIFEST}: unsafe shard path {shard!r} (must be a file name inside the bundle)")
-
-
-def _read_manifest(root: Path) -> dict[str, Any]:
-    mpath = root / MANIFEST
-    if not mpath.exists():
-        if (root / JOURNAL).exists():
-            return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_RUNNING, "records": []}
-        raise BundleError(f"{root}: not a tensorprobe bundle ({MANIFEST} is missing)")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BundleError(f"{mpath}: corrupt manifest ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise BundleError(f"{mpath}: not a tensorprobe manifest")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-        raise BundleError(f"{mpath}: format version {manifest['format_version']} is newer than this "
-                          f"tensorprobe supports ({FORMAT_VERSION}); upgrade tensorprobe")
-    return manifest
-
-
-def _open_dir(root: Path) -> Bundle:
-    manifest = _read_manifest(root)
-    raw_records = manifest.get("records", [])
-    if manifest.get("status") == STATUS_RUNNING:
-        raw_records = _read_journal(root)
-        manifest = {**manifest, "status": STATUS_INCOMPLETE,
-                    "error": {"type": "Interrupted", "message": "capture did not finish (the process was "
-                              "killed); records up to the last flushed shard are kept"}}
-    try:
-        records = [Record.from_dict(d) for d in raw_records]
-    except (KeyError, TypeError, ValueError) as e:
-        raise BundleError(f"{root / MANIFEST}: malformed record ({e})") from None
-    records = _validate_shards(root, records, manifest)
-    return Bundle(root, manifest, records, _TensorSource(root))
-
-
-def _validate_shards(root: Path, records: list[Record], manifest: dict) -> list[Record]:
-    """Check every referenced shard is safe and readable; after a crash, drop references to unwritten shards."""
-    status_ok = manifest.get("status") == STATUS_COMPLETE
-    checked: dict[str, bool] = {}
-    out = []
-    for r in records:
-        if r.shard is not None:
-            if r.shard not in checked:
-                _check_shard_path(root, r.shard)
-                path = root / r.shard
-                if path.exists():
-                    try:
-                        with safetensors.safe_open(str(path), framework="pt") as f:
-                            f.keys()
-                    except Exception as e:
-                        raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
-                    checked[r.shard] = True
-                elif status_ok:
-                    raise BundleError(f"{path}: tensor shard listed in the manifest is missing")
-                else:
-                    checked[r.shard] = False
-            if not checked[r.shard]:
-                r = r.with_(shard=None)
-        out.append(r)
-    return out
-
-
-def _read_journal(root: Path) -> list[dict]:
-    out = []
-    with open(root / JOURNAL, encoding="utf-8") as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # the last line may be cut short by the crash
-    return out
-
-
-class _DictSource:
-    """Tensors of a plain file, loaded on demand."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def get(self, rec: Record) -> torch.Tensor:
-        return self._loader(rec.name)
-
-    def close(self) -> None:
-        pass
-
-
-def _plain_manifest(path: Path, kind: str) -> dict[str, Any]:
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_COMPLETE, "error": None,
-            "producer": {"name": kind}, "runtime": {"name": "external", "file": path.name}, "records": []}
-
-
-def _records_from_tensors(items: Iterator[tuple[str, torch.Tensor]], shard: str) -> list[Record]:
-    return [
-        Record(name=name, module=name, op=OP_UNKNOWN, order=i, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
-               stats=compute_stats(t), kind=KIND_OUTPUT, device="cpu", shard=shard)
-        for i, (name, t) in enumerate(items)
-    ]
-
-
-def _open_safetensors_file(path: Path) -> Bundle:
-    try:
-        handle = safetensors.safe_open(str(path), framework="pt")
-        keys = list(handle.keys())
-        order = _safetensors_key_order(path, keys)
-        records = _records_from_tensors(((k, handle.get_tensor(k)) for k in order), path.name)
-    except BundleError:
-        raise
-    except Exception as e:
-        raise BundleError(f"{path}: corrupt or truncated safetensors file ({e})") from None
-    return Bundle(path, _plain_manifest(path, "safetensors file"), records,
-                  _DictSource(lambda name: handle.get_tensor(name)))
-
-
-def _safetensors_key_order(path: Path, keys: list[str]) -> list[str]:
-    """Keys in the order they were written (data offset), which for a dump is execution order."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    return sorted(keys, key=lambda k: header[k]["data_offsets"][0])
-
-
-def _open_npz(path: Path) -> Bundle:
-    try:
-        npz = np.load(path, allow_pickle=False)
-        names = list(npz.files)
-        records = _records_from_tensors(((k, torch.from_numpy(np.array(npz[k]))) for k in names), path.name)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-        raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
-    return Bundle(path, _plain_manifest(path, "npz file"), records,
-                  _DictSource(lambda name: torch.from_numpy(np.array(npz[name]))))

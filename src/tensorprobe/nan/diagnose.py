@@ -1,25 +1,33 @@
 """Plain-words diagnosis of an op that turned finite inputs into NaN/Inf, chosen from the evidence.
 
-Each rule is a small function `(evidence) -> list[str]`; `diagnose()` runs them in order, most specific
-first. Evidence is the op's base name (`rsqrt`), the module type around it, and its input/output tensors
-(or only their statistics, for a bundle captured elsewhere).
+Each rule is a small function `(evidence) -> list[str]` in `RULES`; `diagnose()` runs them in order, most
+specific first. Evidence is the op (any producer's name: `aten.rsqrt.default`, ONNX `Sqrt`, a TVM kernel;
+rules see `ops.canonical_op` of it), the module type around it, and its input/output values as NumPy
+arrays (torch tensors are converted), or only their statistics, for a bundle captured elsewhere.
+A new rule is one function added to `RULES`.
 
-    >>> import torch
-    >>> ev = Evidence(op="rsqrt", module_type="InstanceNorm1d",
-    ...               inputs=[torch.tensor([[[0.5], [-0.2]]])], output=torch.tensor([[[1.4], [float("nan")]]]))
+    >>> import numpy as np
+    >>> ev = Evidence(op="Sqrt", module_type="InstanceNorm1d",
+    ...               inputs=[np.array([[[0.5], [-0.2]]])], output=np.array([[[0.7], [np.nan]]]))
     >>> diagnose(ev)[0]
-    'rsqrt of 1 negative value (input min -0.2).'
+    'sqrt of 1 negative value (input min -0.2).'
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-import torch
+import numpy as np
 
-from .stats import TensorStats, compute_stats
+from ..ops import canonical_op
+from ..record import dtype_name
+from ..stats import TensorStats, compute_stats
+
+# Largest finite value of each float dtype (by name: bfloat16 has no NumPy dtype).
+FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
+             "float64": 1.7976931348623157e308}
 
 _NEG_DOMAIN_OPS = {"rsqrt", "sqrt", "log", "log2", "log10", "pow", "acosh", "lgamma", "digamma"}
 _LOG_OPS = {"log", "log2", "log10", "log1p"}
@@ -34,38 +42,54 @@ _ACCUM_OPS = {"add", "sub", "sum", "mean", "cumsum", "mm", "bmm", "addmm", "badd
 
 @dataclass
 class Evidence:
+    """What is known about one op: its name, module type, values (NumPy) and statistics."""
+
     op: str
     module_type: str = ""
-    inputs: list[torch.Tensor] = field(default_factory=list)
-    output: torch.Tensor | None = None
+    inputs: list[Any] = field(default_factory=list)
+    output: Any = None
     input_stats: list[TensorStats] = field(default_factory=list)
     output_stats: TensorStats | None = None
+    input_dtypes: list[str] = field(default_factory=list)
+    output_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        self.op = canonical_op(self.op)
+        if self.inputs and not self.input_dtypes:
+            self.input_dtypes = [dtype_name(getattr(t, "dtype", "")) for t in self.inputs]
+        if self.output is not None and self.output_dtype is None:
+            self.output_dtype = dtype_name(self.output.dtype)
+        self.inputs = [as_numpy(t) for t in self.inputs]
+        self.output = as_numpy(self.output) if self.output is not None else None
         if not self.input_stats and self.inputs:
             self.input_stats = [compute_stats(t) for t in self.inputs]
         if self.output_stats is None and self.output is not None:
             self.output_stats = compute_stats(self.output)
 
     @property
-    def float_inputs(self) -> list[torch.Tensor]:
-        return [t for t in self.inputs if t.is_floating_point() and t.numel()]
-
-    @property
-    def dtype(self) -> torch.dtype | None:
-        if self.output is not None:
-            return self.output.dtype
-        return None
+    def float_inputs(self) -> list[tuple[np.ndarray, str]]:
+        """(values, dtype name) of the floating-point inputs with elements."""
+        return [(t, d) for t, d in zip(self.inputs, self.input_dtypes) if t.dtype.kind == "f" and t.size]
 
 
-def exp_overflow_threshold(dtype: torch.dtype) -> float:
+def as_numpy(t: Any) -> np.ndarray:
+    """A NumPy array of `t` (a torch tensor goes to the CPU; bfloat16 is widened exactly to float32)."""
+    if isinstance(t, np.ndarray) or not type(t).__module__.startswith("torch"):
+        return np.asarray(t)
+    t = t.detach().cpu()
+    if str(t.dtype) == "torch.bfloat16":
+        t = t.float()
+    return t.numpy()
+
+
+def exp_overflow_threshold(dtype: Any) -> float:
     """Largest x with exp(x) finite: ~88.7 for float32/bfloat16, ~11.1 for float16."""
-    return math.log(torch.finfo(dtype).max)
+    return math.log(FLOAT_MAX.get(dtype_name(dtype), FLOAT_MAX["float32"]))
 
 
-def _looks_like_statistic(t: torch.Tensor) -> bool:
+def _looks_like_statistic(t: np.ndarray) -> bool:
     """A per-channel (or per-row) statistic has at most two non-singleton dims, e.g. [1, C, 1]."""
-    return t.dim() >= 2 and sum(s > 1 for s in t.shape) <= 1
+    return t.ndim >= 2 and sum(s > 1 for s in t.shape) <= 1
 
 
 def in_normalization(ev: Evidence) -> bool:
@@ -84,11 +108,11 @@ VARIANCE_ADVICE = (
 def _rule_negative_domain(ev: Evidence) -> list[str]:
     if ev.op not in _NEG_DOMAIN_OPS and ev.op not in _LOG_OPS or not ev.float_inputs:
         return []
-    x = ev.float_inputs[0]
+    x = ev.float_inputs[0][0]
     if ev.op == "pow" and len(ev.inputs) > 1:
         return []  # pow(tensor, tensor): handled by the generic rule
-    neg = int((x < 0).sum())
-    zero = int((x == 0).sum())
+    neg = int(np.count_nonzero(x < 0))
+    zero = int(np.count_nonzero(x == 0))
     out = []
     if neg and ev.op != "log1p":
         out.append(f"{ev.op} of {neg} negative value{'s' if neg > 1 else ''} (input min {float(x.min()):.3g}).")
@@ -98,29 +122,29 @@ def _rule_negative_domain(ev: Evidence) -> list[str]:
         what = "1/sqrt(0) = Inf" if ev.op == "rsqrt" else "log(0) = -Inf"
         out.append(f"{ev.op} of {zero} exact zero{'s' if zero > 1 else ''}: {what}. Add an epsilon or a floor "
                    f"(e.g. clamp(min=1e-5)) before {ev.op}.")
-    if ev.op == "log1p" and int((x < -1).sum()):
-        out.append(f"log1p of {int((x < -1).sum())} values below -1.")
+    if ev.op == "log1p" and np.count_nonzero(x < -1):
+        out.append(f"log1p of {int(np.count_nonzero(x < -1))} values below -1.")
     return out
 
 
 def _rule_unit_domain(ev: Evidence) -> list[str]:
     if ev.op not in _UNIT_DOMAIN_OPS or not ev.float_inputs:
         return []
-    x = ev.float_inputs[0]
-    bad = int((x.abs() > 1).sum())
-    return [f"{ev.op} of {bad} values outside [-1, 1] (|x| max {float(x.abs().max()):.4g}); clamp the input."] if bad else []
+    x = ev.float_inputs[0][0]
+    bad = int(np.count_nonzero(np.abs(x) > 1))
+    return [f"{ev.op} of {bad} values outside [-1, 1] (|x| max {float(np.abs(x).max()):.4g}); clamp the input."] if bad else []
 
 
 def _rule_exp_overflow(ev: Evidence) -> list[str]:
     if ev.op not in _EXP_OPS or not ev.float_inputs:
         return []
-    x = ev.float_inputs[0]
-    limit = exp_overflow_threshold(x.dtype)
-    mx = float(x.max())
-    if mx <= limit:
+    x, dtype = ev.float_inputs[0]
+    limit = exp_overflow_threshold(dtype)
+    mx = float(np.nanmax(x)) if np.isfinite(x).any() else math.nan
+    if not mx > limit:
         return []
-    over = int((x > limit).sum())
-    return [f"{ev.op} overflow: input max {mx:.4g} exceeds {limit:.1f}, the largest exponent {str(x.dtype)[6:]} can "
+    over = int(np.count_nonzero(x > limit))
+    return [f"{ev.op} overflow: input max {mx:.4g} exceeds {limit:.1f}, the largest exponent {dtype} can "
             f"hold ({over} value{'s' if over > 1 else ''} over it); exp(x) multiplies any upstream error by its "
             "output. Check the scale of the values feeding it (seed 000's spec = exp(x_post))."]
 
@@ -129,15 +153,15 @@ def _rule_division(ev: Evidence) -> list[str]:
     if ev.op not in _DIV_OPS or not ev.float_inputs:
         return []
     divisor = ev.inputs[0] if ev.op == "reciprocal" else (ev.inputs[1] if len(ev.inputs) > 1 else None)
-    if divisor is None or not isinstance(divisor, torch.Tensor):
+    if divisor is None:
         return []
-    zeros = int((divisor == 0).sum())
+    zeros = int(np.count_nonzero(divisor == 0))
     if not zeros:
         return []
     msg = f"division by zero: the divisor holds {zeros} exact zero{'s' if zeros > 1 else ''}"
-    if ev.op != "reciprocal" and isinstance(ev.inputs[0], torch.Tensor):
-        num, den = torch.broadcast_tensors(ev.inputs[0], divisor)
-        both = int(((num == 0) & (den == 0)).sum())
+    if ev.op != "reciprocal":
+        num, den = np.broadcast_arrays(ev.inputs[0], divisor)
+        both = int(np.count_nonzero((num == 0) & (den == 0)))
         if both:
             msg += f", {both} of them 0/0 (NaN)"
     return [msg + ". Guard the divisor (e.g. normalising silent audio by its peak: use max(peak, eps))."]
@@ -154,14 +178,14 @@ def _rule_overflow(ev: Evidence) -> list[str]:
     st = ev.output_stats
     if st is None or ev.op not in _ACCUM_OPS or (st.posinf + st.neginf) == 0:
         return []
-    dt = ev.dtype or torch.float32
-    mx = torch.finfo(dt).max if dt.is_floating_point else None
-    return [f"{ev.op} overflowed the {str(dt)[6:]} range (max {mx:.4g}): {st.posinf + st.neginf} results are ±Inf. "
+    dt = ev.output_dtype or "float32"
+    mx = FLOAT_MAX.get(dt, FLOAT_MAX["float32"])
+    return [f"{ev.op} overflowed the {dt} range (max {mx:.4g}): {st.posinf + st.neginf} results are ±Inf. "
             "Accumulate in float32, or rescale the values before this op."]
 
 
 def _rule_reduced_precision(ev: Evidence) -> list[str]:
-    low = {str(t.dtype)[6:] for t in ev.float_inputs if t.dtype in (torch.float16, torch.bfloat16)}
+    low = {d for _, d in ev.float_inputs if d in ("float16", "bfloat16")}
     return [f"Inputs are {', '.join(sorted(low))}: reduced precision makes cancellation and overflow far more "
             "likely; rerun the op in float32 to confirm."] if low else []
 
@@ -197,11 +221,12 @@ def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats
                         output_stats: TensorStats) -> list[str]:
     """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only)."""
     out = []
+    op = canonical_op(op)
     if in_normalization(Evidence(op=op, module_type=module_type)) and output_stats.nonfinite_channels:
         out.append(VARIANCE_ADVICE)
     if any(op.lower().startswith(p) or p in op.lower() for p in ("exp",)) and input_stats:
         mx = input_stats[0].max
-        if mx is not None and mx > exp_overflow_threshold(torch.float16):
+        if mx is not None and mx > exp_overflow_threshold("float16"):
             out.append(f"exp input max {mx:.4g}: overflows float16 above ~11.1 and float32 above ~88.7.")
     out.extend(_rule_channel_pattern(Evidence(op=op, output_stats=output_stats)))
     if not out:
@@ -218,24 +243,26 @@ ONE_PASS_VARIANCE_LIMIT = 1.0 / 2.0 ** -24 / 16   # ~1e6: the rounding noise rea
 ONE_PASS_BACKENDS = "TVM 0.27 and ExecuTorch 1.5.1 compute it that way; ONNX Runtime and PyTorch do not"
 
 
-def normalization_input_evidence(x: torch.Tensor, bad_channels: tuple[int, ...], source: str) -> list[str]:
+def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: str) -> list[str]:
     """What the input of a normalization says about NaN in its output channels `bad_channels`.
 
     Per channel (dim 1), over the normalised axes: mean² / variance, computed in float64. Channels whose
     ratio passes `ONE_PASS_VARIANCE_LIMIT` lose their variance to cancellation in a one-pass variance.
 
-        >>> x = torch.randn(1, 4, 64); x[:, 2] = 50 + 1e-4 * x[:, 2]
+        >>> x = np.random.default_rng(0).standard_normal((1, 4, 64)); x[:, 2] = 50 + 1e-4 * x[:, 2]
         >>> normalization_input_evidence(x, (2,), "conv")[0][:60]
         'The normalization input (conv) has 1 of 4 channels nearly co'
     """
-    if x.dim() < 3 or not x.is_floating_point() or not bool(torch.isfinite(x).all()):
+    x = as_numpy(x)
+    if x.ndim < 3 or x.dtype.kind != "f" or not np.isfinite(x).all():
         return []
-    dims = [0, *range(2, x.dim())]
-    xd = x.detach().to(torch.float64)
-    var = xd.var(dim=dims, unbiased=False)
-    mean2 = xd.mean(dim=dims) ** 2
-    ratio = torch.where(var > 0, mean2 / var.clamp_min(torch.finfo(torch.float64).tiny), torch.inf)
-    risky = [int(c) for c in torch.nonzero(ratio > ONE_PASS_VARIANCE_LIMIT).flatten()]
+    axes = (0, *range(2, x.ndim))
+    xd = x.astype(np.float64)
+    var = xd.var(axis=axes)
+    mean2 = xd.mean(axis=axes) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(var > 0, mean2 / np.maximum(var, np.finfo(np.float64).tiny), np.inf)
+    risky = [int(c) for c in np.flatnonzero(ratio > ONE_PASS_VARIANCE_LIMIT)]
     if not risky:
         return []
     shown = "; ".join(f"channel {c}: {_ratio_text(float(ratio[c]))}" for c in risky[:8]) + \

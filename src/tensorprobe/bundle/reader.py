@@ -1,0 +1,311 @@
+"""`Bundle`: read a bundle directory (or a plain `.safetensors` / `.npz` file) lazily, with NumPy.
+
+Torch is imported only by `Bundle.tensor`; `show`, `diff`, `nan` of a bundle and the audio commands
+read with NumPy. bfloat16 data (which NumPy lacks) is widened exactly to float32 by `Bundle.numpy`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import safetensors
+
+from ..errors import BundleError
+from ..record import KIND_OUTPUT, OP_UNKNOWN, Record
+from ..stats import compute_stats
+from .format import (DTYPE_NAMES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE, STATUS_INCOMPLETE,
+                     STATUS_RUNNING, read_safetensors_header)
+
+
+class Bundle:
+    """A captured set of records, read lazily. Open with `Bundle.open(path)`."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], records: list[Record],
+                 tensor_source: "_TensorSource"):
+        self.path = path
+        self.manifest = manifest
+        self.records = records
+        self._by_name = {r.name: r for r in records}
+        self._source = tensor_source
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Bundle":
+        """Open a bundle directory, or a plain `.safetensors` / `.npz` file of named tensors.
+
+        Raises:
+            BundleError: missing, corrupt, truncated or unsafe bundle (the message names the file).
+        """
+        p = Path(path)
+        if not p.exists():
+            raise BundleError(f"{p}: no such bundle (expected a directory with {MANIFEST}, "
+                              "a .safetensors or a .npz file)")
+        if p.is_dir():
+            return _open_dir(p)
+        if p.suffix == ".npz":
+            return _open_npz(p)
+        if p.suffix == ".safetensors":
+            return _open_safetensors_file(p)
+        raise BundleError(f"{p}: not a bundle (expected a directory, .safetensors or .npz)")
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.get("status") == STATUS_COMPLETE
+
+    @property
+    def error(self) -> dict | None:
+        return self.manifest.get("error")
+
+    @property
+    def runtime(self) -> dict:
+        return self.manifest.get("runtime", {})
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.records)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> Record:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise BundleError(f"{self.path}: no record named {name!r}") from None
+
+    def get(self, name: str) -> Record | None:
+        return self._by_name.get(name)
+
+    def tensor(self, name: str) -> Any:
+        """The stored data of record `name` as a torch tensor, in its own dtype (imports torch)."""
+        return self._source.tensor(self._stored(name))
+
+    def numpy(self, name: str) -> np.ndarray:
+        """The stored data of record `name` as a NumPy array (memory-mapped where the format allows;
+        bfloat16 widened to float32). Does not import torch."""
+        return self._source.array(self._stored(name))
+
+    def _stored(self, name: str) -> Record:
+        rec = self[name]
+        if not rec.has_tensor:
+            raise BundleError(f"{self.path}: record {name!r} has statistics only "
+                              "(capture with keep='full' to store tensors)")
+        return rec
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> "Bundle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Bundle({str(self.path)!r}, records={len(self.records)}, status={self.manifest.get('status')!r})"
+
+
+class _TensorSource:
+    """Reads tensors from safetensors shards of a bundle directory, opening each shard once per framework."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._handles: dict[tuple[str, str], Any] = {}
+
+    def _handle(self, shard: str, framework: str) -> Any:
+        h = self._handles.get((shard, framework))
+        if h is None:
+            path = self.root / shard
+            try:
+                h = safetensors.safe_open(str(path), framework=framework)
+            except Exception as e:  # safetensors raises its own error type for corrupt headers
+                raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
+            self._handles[(shard, framework)] = h
+        return h
+
+    def array(self, rec: Record) -> np.ndarray:
+        assert rec.shard is not None
+        if rec.dtype == "bfloat16":
+            return _read_bfloat16(self.root / rec.shard, rec.name)
+        try:
+            a = self._handle(rec.shard, "numpy").get_tensor(rec.name)
+        except BundleError:
+            raise
+        except Exception as e:
+            raise BundleError(f"{self.root / rec.shard}: can't read tensor {rec.name!r} ({e})") from None
+        if rec.dtype == "complex128" and a.dtype != np.complex128:
+            a = np.ascontiguousarray(a).view(np.complex128)[..., 0]  # stored as (re, im) pairs: BundleWriter.add
+        return a
+
+    def tensor(self, rec: Record) -> Any:
+        import torch
+
+        assert rec.shard is not None
+        try:
+            t = self._handle(rec.shard, "pt").get_tensor(rec.name)
+        except BundleError:
+            raise
+        except Exception as e:
+            raise BundleError(f"{self.root / rec.shard}: can't read tensor {rec.name!r} ({e})") from None
+        if rec.dtype == "complex128" and not t.is_complex():
+            t = torch.view_as_complex(t)  # stored as (re, im) pairs: see BundleWriter.add
+        return t
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def _read_bfloat16(path: Path, name: str) -> np.ndarray:
+    """A bfloat16 tensor of a safetensors file, widened exactly to float32 (NumPy has no bfloat16)."""
+    try:
+        header, data_start = read_safetensors_header(path)
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        bits = np.fromfile(path, dtype="<u2", count=(end - begin) // 2, offset=data_start + begin)
+    except (OSError, KeyError, ValueError) as e:
+        raise BundleError(f"{path}: can't read tensor {name!r} ({e})") from None
+    return (bits.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+
+
+def _check_shard_path(root: Path, shard: str) -> None:
+    if os.path.isabs(shard) or ".." in Path(shard).parts or "/" in shard or "\\" in shard:
+        raise BundleError(f"{root / MANIFEST}: unsafe shard path {shard!r} (must be a file name inside the bundle)")
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    mpath = root / MANIFEST
+    if not mpath.exists():
+        if (root / JOURNAL).exists():
+            return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_RUNNING, "records": []}
+        raise BundleError(f"{root}: not a tensorprobe bundle ({MANIFEST} is missing)")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{mpath}: corrupt manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BundleError(f"{mpath}: not a tensorprobe manifest")
+    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
+        raise BundleError(f"{mpath}: format version {manifest['format_version']} is newer than this "
+                          f"tensorprobe supports ({FORMAT_VERSION}); upgrade tensorprobe")
+    return manifest
+
+
+def _open_dir(root: Path) -> Bundle:
+    manifest = _read_manifest(root)
+    raw_records = manifest.get("records", [])
+    if manifest.get("status") == STATUS_RUNNING:
+        raw_records = _read_journal(root)
+        manifest = {**manifest, "status": STATUS_INCOMPLETE,
+                    "error": {"type": "Interrupted", "message": "capture did not finish (the process was "
+                              "killed); records up to the last flushed shard are kept"}}
+    try:
+        records = [Record.from_dict(d) for d in raw_records]
+    except (KeyError, TypeError, ValueError) as e:
+        raise BundleError(f"{root / MANIFEST}: malformed record ({e})") from None
+    records = _validate_shards(root, records, manifest)
+    return Bundle(root, manifest, records, _TensorSource(root))
+
+
+def _validate_shards(root: Path, records: list[Record], manifest: dict) -> list[Record]:
+    """Check every referenced shard is safe and readable; after a crash, drop references to unwritten shards."""
+    status_ok = manifest.get("status") == STATUS_COMPLETE
+    checked: dict[str, bool] = {}
+    out = []
+    for r in records:
+        if r.shard is not None:
+            if r.shard not in checked:
+                _check_shard_path(root, r.shard)
+                path = root / r.shard
+                if path.exists():
+                    try:
+                        with safetensors.safe_open(str(path), framework="numpy") as f:
+                            f.keys()
+                    except Exception as e:
+                        raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
+                    checked[r.shard] = True
+                elif status_ok:
+                    raise BundleError(f"{path}: tensor shard listed in the manifest is missing")
+                else:
+                    checked[r.shard] = False
+            if not checked[r.shard]:
+                r = r.with_(shard=None)
+        out.append(r)
+    return out
+
+
+def _read_journal(root: Path) -> list[dict]:
+    out = []
+    with open(root / JOURNAL, encoding="utf-8") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # the last line may be cut short by the crash
+    return out
+
+
+class _DictSource:
+    """Tensors of a plain file, loaded on demand: `array` reads NumPy, `tensor` converts for torch."""
+
+    def __init__(self, loader: Callable[[str], np.ndarray]):
+        self._loader = loader
+
+    def array(self, rec: Record) -> np.ndarray:
+        return self._loader(rec.name)
+
+    def tensor(self, rec: Record) -> Any:
+        import torch
+
+        return torch.from_numpy(np.array(self._loader(rec.name)))
+
+    def close(self) -> None:
+        pass
+
+
+def _plain_manifest(path: Path, kind: str) -> dict[str, Any]:
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_COMPLETE, "error": None,
+            "producer": {"name": kind}, "runtime": {"name": "external", "file": path.name}, "records": []}
+
+
+def _records_from_arrays(items: Iterator[tuple[str, np.ndarray, str]], shard: str) -> list[Record]:
+    return [
+        Record(name=name, module=name, op=OP_UNKNOWN, order=i, shape=tuple(a.shape), dtype=dtype,
+               stats=compute_stats(a), kind=KIND_OUTPUT, device="cpu", shard=shard)
+        for i, (name, a, dtype) in enumerate(items)
+    ]
+
+
+def _open_safetensors_file(path: Path) -> Bundle:
+    try:
+        header, _ = read_safetensors_header(path)
+        handle = safetensors.safe_open(str(path), framework="numpy")
+
+        def load(name: str) -> np.ndarray:
+            if header[name]["dtype"] == "BF16":
+                return _read_bfloat16(path, name)
+            return handle.get_tensor(name)
+
+        order = sorted(header, key=lambda k: header[k]["data_offsets"][0])   # written order: execution order
+        records = _records_from_arrays(
+            ((k, load(k), DTYPE_NAMES.get(header[k]["dtype"], header[k]["dtype"].lower())) for k in order), path.name)
+    except BundleError:
+        raise
+    except Exception as e:
+        raise BundleError(f"{path}: corrupt or truncated safetensors file ({e})") from None
+    return Bundle(path, _plain_manifest(path, "safetensors file"), records, _DictSource(load))
+
+
+def _open_npz(path: Path) -> Bundle:
+    try:
+        npz = np.load(path, allow_pickle=False)
+        names = list(npz.files)
+        records = _records_from_arrays(((k, a, a.dtype.name) for k, a in ((k, npz[k]) for k in names)), path.name)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
+    return Bundle(path, _plain_manifest(path, "npz file"), records, _DictSource(lambda name: npz[name]))

@@ -1,0 +1,97 @@
+"""What a NaN search finds: `NanOrigin` (where non-finite values are born, with evidence and a diagnosis)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..record import dtype_name, module_label
+from ..stats import TensorStats, compute_stats
+
+CAUSE_OP = "op"
+CAUSE_MODEL_INPUT = "model_input"
+CAUSE_PARAMETER = "parameter"
+CAUSE_UNTRACKED = "untracked_input"
+CAUSE_RECORD = "record"
+CAUSE_UNRECORDED = "unrecorded_value"   # born in a value the bundle does not hold (a kernel not tapped)
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """Name, shape, dtype and statistics of one tensor in a finding."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    stats: TensorStats
+
+    @classmethod
+    def of(cls, name: str, t: Any) -> "TensorSummary":
+        """Summary of a torch tensor or NumPy array."""
+        return cls(name, tuple(t.shape), dtype_name(t.dtype), compute_stats(t))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "stats": self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far the damage reached: one module output after the origin."""
+
+    module: str
+    finite_frac: float
+    pattern: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module": self.module, "finite_frac": self.finite_frac, "pattern": self.pattern}
+
+
+@dataclass(frozen=True)
+class NanOrigin:
+    """Where non-finite values first appear, with evidence and a diagnosis. `found` is False for a clean run."""
+
+    found: bool
+    cause: str | None = None
+    record: str | None = None
+    op: str | None = None
+    module: str | None = None
+    module_type: str | None = None
+    source: str | None = None
+    op_index: int | None = None
+    inputs: tuple[TensorSummary, ...] = ()
+    output: TensorSummary | None = None
+    diagnosis: tuple[str, ...] = ()
+    spread: tuple[Spread, ...] = ()
+    ops_checked: int = 0
+    note: str | None = None
+
+    def headline(self) -> str:
+        if not self.found:
+            return f"No NaN or Inf: all {self.ops_checked} op outputs are finite."
+        if self.cause == CAUSE_MODEL_INPUT:
+            return f"The model inputs are already non-finite ({self.record}): nothing inside the model is to blame."
+        if self.cause == CAUSE_PARAMETER:
+            return f"Parameter {self.record} is non-finite: the weights were broken before the forward ran."
+        where = module_label(self.module or "")
+        pattern = self.output.stats.channel_pattern() if self.output else None
+        tail = f" — {pattern}" if pattern else ""
+        if self.cause == CAUSE_UNRECORDED:
+            return f"NaN/Inf born inside {where} (its kernel's output is not in the bundle; its module output holds it){tail}"
+        return f"NaN/Inf born at {self.op} in {where}{tail}"
+
+    def summary(self) -> str:
+        lines = [self.headline()]
+        if self.source:
+            lines.append(f"  source: {self.source}")
+        lines += [f"  - {d}" for d in self.diagnosis]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "found": self.found, "cause": self.cause, "record": self.record, "op": self.op,
+            "module": self.module, "module_type": self.module_type, "source": self.source,
+            "op_index": self.op_index, "inputs": [i.to_dict() for i in self.inputs],
+            "output": self.output.to_dict() if self.output else None, "diagnosis": list(self.diagnosis),
+            "spread": [s.to_dict() for s in self.spread], "ops_checked": self.ops_checked,
+            "headline": self.headline(), "note": self.note,
+        }
