@@ -153,6 +153,20 @@ def test_numpy_and_torch_backends_give_the_same_statistics(a):
             assert x == pytest.approx(y, rel=tol, abs=tol * (1 + abs(d_t["absmax"] or 0))), k
 
 
+@pytest.mark.parametrize("n", [1000, 70_000])    # NumPy's reductions below KERNEL_MIN_ELEMENTS, Numba above
+def test_small_and_large_arrays_take_the_same_figures(n, monkeypatch):
+    from tensorprobe.stats import core
+
+    a = np.random.default_rng(n).standard_normal((2, 5, n // 10)).astype(np.float32) + 3.0
+    s = compute_stats(a)
+    monkeypatch.setattr(core, "KERNEL_MIN_ELEMENTS", 0 if n < core.KERNEL_MIN_ELEMENTS else 10**12)
+    from tensorprobe.stats import numpy_backend
+    monkeypatch.setattr(numpy_backend, "KERNEL_MIN_ELEMENTS", core.KERNEL_MIN_ELEMENTS)
+    other = compute_stats(a)
+    assert (s.min, s.max) == (other.min, other.max)
+    assert s.mean == pytest.approx(other.mean, rel=1e-6) and s.std == pytest.approx(other.std, rel=1e-5)
+
+
 def test_reading_statistics_of_arrays_does_not_import_torch():
     import subprocess
     import sys

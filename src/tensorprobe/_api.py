@@ -8,21 +8,33 @@ verb's signature and docstring.
 
 from __future__ import annotations
 
-import functools
+import importlib
 import inspect
 import sys
 import types
 from typing import Any, Callable
 
 
-def make_callable(module_name: str, verb: Callable[..., Any]) -> None:
-    """Make `sys.modules[module_name]` callable as `verb` (signature and docs included)."""
+def make_callable(module_name: str, verb: Callable[..., Any] | str) -> None:
+    """Make `sys.modules[module_name]` callable as `verb` (signature and docs included).
+
+    `verb` may be `"package.module:function"`, imported on the first call: a package whose verb needs torch
+    stays importable without it (`tensorprobe.isolate`).
+    """
     module = sys.modules[module_name]
 
+    def resolve() -> Callable[..., Any]:
+        if callable(verb):
+            return verb
+        mod, _, attr = verb.partition(":")
+        return getattr(importlib.import_module(mod), attr)
+
     class _VerbModule(types.ModuleType):
-        @functools.wraps(verb)
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
-            return verb(*args, **kwargs)
+            return resolve()(*args, **kwargs)
+
+        @property
+        def __signature__(self) -> inspect.Signature:   # what inspect.signature(tp.diff) reports
+            return inspect.signature(resolve())
 
     module.__class__ = _VerbModule
-    module.__signature__ = inspect.signature(verb)  # what inspect.signature(tp.diff) reports

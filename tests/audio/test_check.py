@@ -132,3 +132,14 @@ def test_thresholds_can_be_overridden():
 def test_non_numeric_input_is_an_input_error():
     with pytest.raises(InputError, match="numeric"):
         check(np.array(["a", "b"]), SR)
+
+
+@pytest.mark.parametrize("n,nperseg", [(24000, 1024), (1001, 128), (300, 300), (777, 64)])
+def test_welch_psd_is_scipys_welch(n, nperseg):
+    from scipy.signal import welch
+
+    from tensorprobe.audio.check import welch_psd
+
+    x = np.random.default_rng(n).standard_normal(n) + 0.3
+    _, want = welch(x, fs=24000.0, nperseg=nperseg)
+    np.testing.assert_allclose(welch_psd(x, 24000.0, nperseg), want, rtol=1e-10, atol=0)

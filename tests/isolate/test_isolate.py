@@ -16,7 +16,7 @@ from tensorprobe.cli import app
 from tensorprobe.errors import InputError
 from tensorprobe.isolate import (INHERITED, LOCAL, OK, UNKNOWN, ModuleCall, ModuleRunner, isolate,
                                  local_snr_from_json, select_modules)
-from tensorprobe.isolate.html import write_isolate_html
+from tensorprobe.report.isolate import write_isolate_html
 
 PERTURBED = "decode.1.conv1x1"
 

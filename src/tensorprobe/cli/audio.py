@@ -13,10 +13,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ..audio import DiffThresholds, Thresholds, check_file, diff, load
-from ..audio.check import parse_threshold_options
 from ..errors import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_OK, TensorprobeError
-from ..report.audio import render_audio_diff, render_audio_report, write_diff_html
 from ._common import JsonOption, app, console, emit_json, err_console, fail
 
 audio_app = typer.Typer(help="Check audio files for silent failures; compare two audios.", no_args_is_help=True)
@@ -34,6 +31,10 @@ def check_cmd(
     """Health-check audio files: NaN, silence, clipping, absurd scale, DC offset, noise, length, layout.
 
     Exits 1 if any file has an error-level verdict (so it can gate CI), 2 on unreadable input."""
+    from ..audio import Thresholds, check_file
+    from ..audio.check import parse_threshold_options
+    from ..report.audio import render_audio_report
+
     try:
         thresholds = Thresholds().with_overrides(parse_threshold_options(threshold))
     except TensorprobeError as e:
@@ -63,18 +64,23 @@ def diff_cmd(
     cand: Path = typer.Argument(..., help="Candidate audio file (the port, the new build, ...)."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML page here."),
     max_lag: float = typer.Option(1.0, "--max-lag", help="Search alignment lags within ±this many seconds."),
-    wave_corr: float = typer.Option(DiffThresholds.wave_corr, "--wave-corr",
-                                    help="Aligned waveform correlation that counts as a waveform match."),
-    mel_mean_db: float = typer.Option(DiffThresholds.mel_mean_db, "--mel-mean-db",
-                                      help="Mean |log-mel difference| (dB) that still counts as a magnitude match."),
+    wave_corr: Optional[float] = typer.Option(None, "--wave-corr",
+                                              help="Aligned waveform correlation that counts as a waveform match "
+                                                   "(default 0.95)."),
+    mel_mean_db: Optional[float] = typer.Option(None, "--mel-mean-db",
+                                                help="Mean |log-mel difference| (dB) that still counts as a "
+                                                     "magnitude match (default 1.0)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Compare CAND with REF: lag, correlation, SNR, log-mel and multi-resolution STFT differences, and a
     verdict that tells a phase-only difference from a real one. Exits 1 on a real difference."""
+    from ..audio import DiffThresholds, diff, load
+    from ..report.audio import render_audio_diff, write_diff_html
+
     try:
         r, c = load(ref), load(cand)
         d = diff(r.data, c.data, r.sample_rate, cand_sample_rate=c.sample_rate, max_lag_s=max_lag,
-                 thresholds=DiffThresholds(wave_corr=wave_corr, mel_mean_db=mel_mean_db), names=(str(ref), str(cand)))
+                 thresholds=_diff_thresholds(DiffThresholds, wave_corr, mel_mean_db), names=(str(ref), str(cand)))
         if html is not None:
             write_diff_html(d, html)
     except TensorprobeError as e:
@@ -88,3 +94,8 @@ def diff_cmd(
         if html is not None:
             console.print(f"HTML report: {html}")
     raise typer.Exit(EXIT_FINDING if d.status == "finding" else EXIT_OK)
+
+
+def _diff_thresholds(cls, wave_corr: float | None, mel_mean_db: float | None):
+    given = {k: v for k, v in {"wave_corr": wave_corr, "mel_mean_db": mel_mean_db}.items() if v is not None}
+    return cls(**given)

@@ -12,9 +12,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ..compare import compare
 from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
-from ..targets import load_target
 from ._common import JsonOption, app, console, emit_json, fail, parse_options, progress, with_options
 
 
@@ -35,6 +33,9 @@ def compare_cmd(
     json_out: bool = JsonOption,
 ) -> None:
     """Run TARGET in PyTorch and in RUNTIME; report the first divergence and the first NaN. Exits 1 on a finding."""
+    from ..compare import compare
+    from ..targets import load_target
+
     try:
         opts = parse_options(option)
         opts.update({k: v for k, v in {"exporter": exporter, "rules": str(rules) if rules else None}.items() if v})

@@ -1,6 +1,12 @@
-"""Core commands: capture, nan, show, demo."""
+"""Core commands: capture, nan, show, demo.
+
+Commands that read bundles (`show`, `nan BUNDLE`) never import torch; the library pieces that run a model
+(capture, the live NaN search, target loading) are imported inside the commands that run one.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import time
 from pathlib import Path
@@ -9,13 +15,12 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ..bundle import Bundle
-from ..capture import capture as capture_model
 from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
-from ..nan import NanOrigin, find_first_nonfinite, find_nonfinite_in_bundle
-from ..report.core import render_bundle, render_nan_origin, select_records
-from ..targets import load_target
 from ._common import JsonOption, app, console, emit_json, parse_options, progress, with_options
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from ..nan import NanOrigin
 
 _BUNDLE_SUFFIXES = (".npz", ".safetensors")
 _ARTIFACT_RUNTIMES = {".onnx": "onnxruntime", ".pte": "executorch"}
@@ -55,6 +60,9 @@ def capture(
     json_out: bool = JsonOption,
 ) -> None:
     """Capture every intermediate tensor of TARGET into a bundle directory."""
+    from ..capture import capture as capture_model
+    from ..targets import load_target
+
     t0 = time.perf_counter()
     suffix = Path(target).suffix
     options = parse_options(option)
@@ -86,6 +94,8 @@ def capture(
 
 def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Path], keep: str,
                       include: Optional[str], exclude: Optional[str], options: dict) -> Bundle:
+    from ..bundle import Bundle
+
     from ..runtimes import get_runtime
 
     if inputs is None:
@@ -118,9 +128,15 @@ def nan(
     json_out: bool = JsonOption,
 ) -> None:
     """Find the op where NaN or Inf is born (exit 1 if found)."""
+    from ..bundle import Bundle
+    from ..nan import find_nonfinite_in_bundle
+
     if _is_bundle_path(target):
         origin = find_nonfinite_in_bundle(Bundle.open(target))
     else:
+        from ..nan.live import find_first_nonfinite
+        from ..targets import load_target
+
         tgt = load_target(target)
         with progress(f"checking every op of {target}", enabled=not json_out):
             origin = _run_forward(target, find_first_nonfinite, tgt.model, *tgt.args, **tgt.kwargs)
@@ -128,6 +144,8 @@ def nan(
 
 
 def _report_nan(origin: NanOrigin, json_out: bool) -> None:
+    from ..report.core import render_nan_origin
+
     if json_out:
         emit_json("nan", "finding" if origin.found else "ok", {"origin": origin.to_dict()})
     else:
@@ -144,6 +162,9 @@ def show(
     json_out: bool = JsonOption,
 ) -> None:
     """Print a bundle's records and statistics as a table."""
+    from ..bundle import Bundle
+    from ..report.core import render_bundle, select_records
+
     b = Bundle.open(bundle_path)
     try:
         chosen = list(select_records(b, name, nonfinite))
@@ -162,7 +183,10 @@ def demo(
     json_out: bool = JsonOption,
 ) -> None:
     """Find where NaN is born in a faulty Kokoro-82M decoder (random weights, nothing downloaded)."""
+    from ..report.core import render_nan_origin
+
     from ..examples import kokoro
+    from ..nan.live import find_first_nonfinite
 
     if not json_out:
         console.rule("[bold]tensorprobe demo[/]: Kokoro-82M decoder (kokoro.istftnet, seeded random weights)")

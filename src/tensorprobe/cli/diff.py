@@ -14,10 +14,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ..diff import diff
-from ..diff.align import load_rules, parse_rule
 from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
-from ..report.terminal import render_diff
 from ._common import JsonOption, app, console, emit_json, fail, progress
 
 
@@ -45,6 +42,10 @@ def diff_cmd(
 ) -> None:
     """Compare every intermediate of CAND with REF: first divergence, strongest error amplifier, whether
     the error reaches the output, per-call error growth. Exits 1 on a divergence."""
+    from ..diff import diff
+    from ..diff.align import load_rules, parse_rule
+    from ..report.terminal import render_diff
+
     try:
         rule_list = [parse_rule(m) for m in map_ or []] + (load_rules(rules) if rules else [])
         with progress("comparing", enabled=not json_out) as advance:

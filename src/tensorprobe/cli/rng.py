@@ -5,17 +5,19 @@ Replaying a recording into a PyTorch run is `tensorprobe capture TARGET --replay
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..bundle import Bundle
 from ..errors import InputError, TensorprobeError
-from ..record import KIND_RNG
-from ..rng import NoiseEntry, export_noise
 from ._common import JsonOption, app, console, emit_json, fail
+
+if TYPE_CHECKING:
+    from ..rng import NoiseEntry
 
 rng_app = typer.Typer(help="Recorded randomness: list it, export it for a port in another language.",
                       no_args_is_help=True)
@@ -30,6 +32,8 @@ def export_cmd(
 ) -> None:
     """Write every recorded random tensor, named by call site and order, to one .safetensors file
     (metadata: op, shape, dtype, source line) for a Swift/MLX/C++ port to load instead of its own RNG."""
+    from ..rng import export_noise
+
     try:
         if out.suffix != ".safetensors":
             raise InputError(f"{out}: the noise file must end in .safetensors")
@@ -49,6 +53,10 @@ def show_cmd(
     json_out: bool = JsonOption,
 ) -> None:
     """List the random ops a capture recorded, in call order (and whether they were replayed)."""
+    from ..bundle import Bundle
+    from ..record import KIND_RNG
+    from ..rng import NoiseEntry
+
     try:
         b = Bundle.open(bundle)
     except TensorprobeError as e:

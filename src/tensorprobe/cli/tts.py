@@ -10,7 +10,6 @@ from typing import Optional
 import typer
 
 from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
-from ..report.tts import render_stage_report
 from ._common import JsonOption, app, console, emit_json, fail
 
 tts_app = typer.Typer(help="Check every stage of a TTS pipeline (text → phonemes → ids → durations → mel → audio).",
@@ -19,6 +18,8 @@ app.add_typer(tts_app, name="tts")
 
 
 def _finish(report, json_out: bool, command: str, extra: dict | None = None) -> None:
+    from ..report.tts import render_stage_report
+
     status = "finding" if report.errors else "ok"
     if json_out:
         emit_json(command, status, {"report": report.to_dict(), **(extra or {})})

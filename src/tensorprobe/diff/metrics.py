@@ -189,7 +189,7 @@ def accumulate(ref: Any, cand: Any, *, shift_r: float = 0.0, shift_c: float = 0.
     if r.size != c.size:
         raise ValueError(f"element counts differ: {r.size} vs {c.size}")
     n = r.size
-    kernel = _kernel()
+    kernel = _kernel() if n >= KERNEL_MIN_ELEMENTS else None   # small pairs: NumPy, without importing Numba
     direct = kernel is not None and r.dtype in _DIRECT and c.dtype in _DIRECT
     step = max(n, 1) if direct else CHUNK
     run = kernel if kernel is not None else _numpy_pass
@@ -253,6 +253,7 @@ def _readable(a: np.ndarray) -> np.ndarray:
 
 
 _KERNEL: Any = False
+KERNEL_MIN_ELEMENTS = 1 << 16
 
 
 def _kernel() -> Any:

@@ -79,6 +79,11 @@ _FLOAT_FIELDS = ("finite_frac", "min", "max", "mean", "std", "absmax")
 _kernel: Any = None
 
 
+# Below this many elements NumPy's own reductions are as fast as the compiled pass, and a command that
+# reads small tensors (a bundle's `nan`, a unit test) does not pay Numba's ~0.3 s import.
+KERNEL_MIN_ELEMENTS = 1 << 16
+
+
 def kernel() -> Any:
     """The compiled Numba kernels (`stats/_kernel.py`), imported (and compiled, once, cached) on first use."""
     global _kernel

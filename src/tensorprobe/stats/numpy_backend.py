@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from .core import (BOOL_KIND, CANCELLATION_RATIO, COMPLEX_KIND, FLOAT_KIND, INT_KIND, MAX_CHANNEL_IDX,
-                   TensorStats, channel_count, kernel, resolve_channel_dim)
+from .core import (BOOL_KIND, CANCELLATION_RATIO, COMPLEX_KIND, FLOAT_KIND, INT_KIND, KERNEL_MIN_ELEMENTS,
+                   MAX_CHANNEL_IDX, TensorStats, channel_count, kernel, resolve_channel_dim)
 
 
 def numpy_digest(a: np.ndarray) -> str:
@@ -40,7 +40,7 @@ def _numpy_float_stats(a: np.ndarray, channel_dim: int | None) -> TensorStats:
     n = a.size
     # float16 is summed in float32, as torch does; the one compiled pass covers float32/float64
     x = np.ascontiguousarray(a if a.dtype in (np.float32, np.float64) else a.astype(np.float32)).reshape(-1)
-    total, sumsq, mn, mx = kernel().moments(x)
+    total, sumsq, mn, mx = kernel().moments(x) if x.size >= KERNEL_MIN_ELEMENTS else _small_moments(x)
     if not math.isfinite(total):
         return _numpy_nonfinite_stats(a.astype(np.float64, copy=False) if a.dtype == np.float64
                                       else a.astype(np.float32, copy=False), channel_dim)
@@ -51,6 +51,16 @@ def _numpy_float_stats(a: np.ndarray, channel_dim: int | None) -> TensorStats:
         var = float(np.mean(np.square(xd - xd.mean())))
     return TensorStats(numel=n, min=mn, max=mx, mean=mean, std=math.sqrt(max(var, 0.0)),
                        absmax=max(abs(mn), abs(mx)), **channel_count(a.shape, channel_dim))
+
+
+def _small_moments(x: np.ndarray) -> tuple[float, float, float, float]:
+    """(Σx, Σx², min, max) of a small flat float array with NumPy (min/max meaningful only if Σx is finite)."""
+    xd = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total, sumsq = float(xd.sum()), float(np.dot(xd, xd))
+    if not np.isfinite(total):
+        return total, sumsq, math.nan, math.nan
+    return total, sumsq, float(x.min()), float(x.max())
 
 
 def _numpy_nonfinite_stats(x: np.ndarray, channel_dim: int | None) -> TensorStats:

@@ -1,6 +1,9 @@
-"""One self-contained HTML page for an `IsolateReport`: summary, a plot of accumulated and local error per
-layer (SNR dB, execution order), and the table of layers. No network needed to open it; names escaped.
+"""The `isolate` report, for a terminal (rich) and as one self-contained HTML page.
 
+The page: summary, a plot of accumulated and local error per layer (SNR dB, execution order), and the table
+of layers. No network needed to open it; names escaped.
+
+    >>> render_isolate(console, report)                     # doctest: +SKIP
     >>> write_isolate_html(report, "isolate.html")          # doctest: +SKIP
 
 To put the local error on `diff`'s own report instead: `write_diff_html(diff_report, path,
@@ -13,10 +16,100 @@ import math
 import os
 from pathlib import Path
 
-from jinja2 import Environment, select_autoescape
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from ..bundle import atomic_write_bytes
-from . import IsolateReport
+from ..isolate.report import INHERITED, LOCAL, IsolateReport
+
+_STYLE = {LOCAL: "bold red", INHERITED: "yellow", "ok": "green", "unknown": "dim"}
+
+
+def _snr(m: dict | None) -> str:
+    if m is None:
+        return "–"
+    v = m.get("snr_db")
+    if v is None:
+        return "–"
+    return "∞" if v == float("inf") else f"{v:.1f}"
+
+
+def _rel(m: dict | None) -> str:
+    v = None if m is None else m.get("rel_l2_err")
+    return "–" if v is None else f"{v:.1e}"
+
+
+def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = False, context: int = 2) -> None:
+    """Summary line, then per layer: accumulated and local error side by side, with a verdict."""
+    style = "bold red" if report.found else ("yellow" if report.first_accumulated else "bold green")
+    out.print(f"[{style}]{escape(report.summary())}[/]")
+    rows = _rows(report, show_all, context)
+    table = Table(show_edge=False, pad_edge=False, title_justify="left",
+                  title=f"{len(report.layers)} module calls; criteria {report.criteria.describe()}; SNR in dB")
+    table.add_column("layer", overflow="fold", min_width=20)
+    for col in ("acc. SNR", "acc. rel", "local SNR", "local rel"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    last = -1
+    for i in rows:
+        if last >= 0 and i != last + 1:
+            table.add_row("…", "", "", "", "", "")
+        x = report.layers[i]
+        v = x.verdict
+        table.add_row(escape(x.name), _snr(x.accumulated), _rel(x.accumulated),
+                      _snr(x.local), _rel(x.local), f"[{_STYLE.get(v, '')}]{v}[/]")
+        last = i
+    if rows:
+        out.print(table)
+    if report.ascent is not None:
+        _render_ascent(out, report)
+    for x in report.layers:
+        if x.note and (show_all or x.verdict != "ok"):
+            out.print(f"  [dim]{escape(x.name)}: {escape(x.note)}[/]")
+    for n in report.notes:
+        out.print(f"  note: {escape(n)}")
+    rng = {"state": "generator state restored per call", "tensors": "recorded noise replayed"}.get(report.rng or "")
+    if rng and report.noise_replayed:
+        out.print(f"  randomness: {rng} ({report.noise_replayed})")
+
+
+def _render_ascent(out: Console, report: IsolateReport) -> None:
+    """The module calls run alone above the isolated ones, innermost first, and what the answer reads."""
+    a = report.ascent
+    table = Table(show_edge=False, pad_edge=False, title_justify="left",
+                  title=f"above the isolated modules, from {a.start}: {len(a.tested)} module calls run alone "
+                        f"({a.passes} pass{'es' if a.passes != 1 else ''})")
+    table.add_column("module call", overflow="fold", min_width=20)
+    table.add_column("type", no_wrap=True)
+    table.add_column("local SNR", justify="right", no_wrap=True)
+    table.add_column("local rel", justify="right", no_wrap=True)
+    table.add_column("alone", no_wrap=True)
+    for x in a.tested:
+        alone = LOCAL if x.local_fails else ("ok" if x.local is not None else "unknown")
+        table.add_row(escape(x.name), escape(x.module_type), _snr(x.local), _rel(x.local),
+                      f"[{_STYLE.get(alone, '')}]{'fails' if alone == LOCAL else alone}[/]")
+    out.print(table)
+    if a.found is not None and a.direct_params:
+        out.print(f"  {escape(a.found)} reads directly: {escape(', '.join(a.direct_params))}")
+    for name, rel in a.differing_params:
+        words = "another shape" if rel is None else f"relative error {rel:.3g}"
+        out.print(f"  [bold red]{escape(name)}[/] differs from the reference's ({words})")
+    for n in a.notes:
+        out.print(f"  note: {escape(n)}")
+
+
+def _rows(report: IsolateReport, show_all: bool, context: int) -> list[int]:
+    if show_all:
+        return list(range(len(report.layers)))
+    keep: set[int] = set()
+    for i, x in enumerate(report.layers):
+        if x.verdict == LOCAL:
+            keep.update(range(max(0, i - context), min(len(report.layers), i + context + 1)))
+    inherited = [i for i, x in enumerate(report.layers) if x.verdict == INHERITED]
+    keep.update(inherited[:8] + inherited[-2:])
+    return sorted(keep)
+
 
 SNR_CAP = 160.0
 
@@ -69,6 +162,8 @@ the reference's inputs. SNR of identical tensors is drawn at {{ cap }} dB.</p>
 
 def render_isolate_html(report: IsolateReport, *, title: str = "") -> str:
     """The page as a string (see module docstring)."""
+    from jinja2 import Environment, select_autoescape  # imported by the HTML page only
+
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     verdict = "local" if report.found else ("inherited" if report.first_accumulated else "ok")
     words = {"local": "A MODULE IS WRONG ON ITS OWN" if report.first_local is None else "A LAYER IS WRONG ON ITS OWN", "inherited": "ERROR ACCUMULATES, NO LAYER WRONG ALONE",
@@ -91,18 +186,8 @@ def _val(m: dict | None) -> float:
     return math.nan if v is None else min(float(v), SNR_CAP)
 
 
-def _snr(m: dict | None) -> str:
-    v = None if m is None else m.get("snr_db")
-    return "–" if v is None else ("∞" if v == math.inf else f"{v:.1f}")
-
-
-def _rel(m: dict | None) -> str:
-    v = None if m is None else m.get("rel_l2_err")
-    return "–" if v is None else f"{v:.2e}"
-
-
 def _plot(report: IsolateReport) -> str:
-    from ..report.plots import figure_to_data_uri, new_figure
+    from .plots import figure_to_data_uri, new_figure
 
     fig, ax = new_figure(10.0, 3.6)
     x = list(range(len(report.layers)))

@@ -1,0 +1,249 @@
+"""`RngReplay`: feed recorded random tensors back to the random ops of a torch run, in call order."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..bundle import Bundle
+from ..errors import BundleError, InputError
+from ..hooks import ModuleStack, op_base_name, user_source_line
+from ..ops import RNG_OPS
+from ..record import KIND_RNG, dtype_name, record_name
+from .noise_file import NoiseEntry, _is_noise_file, _read_noise
+
+class _Tape:
+    """Recorded random tensors in call order, served by name or by position."""
+
+    def __init__(self, entries: list[NoiseEntry], loader: Any, origin: str):
+        self.entries = entries
+        self.loader = loader  # name -> torch.Tensor
+        self.origin = origin
+        self.by_name = {e.name: i for i, e in enumerate(entries)}
+        self.used = [False] * len(entries)
+        self.next_free = 0
+
+    def take(self, name: str | None) -> NoiseEntry | None:
+        i = self.by_name.get(name) if name is not None else None
+        if i is None or self.used[i]:
+            while self.next_free < len(self.entries) and self.used[self.next_free]:
+                self.next_free += 1
+            if self.next_free >= len(self.entries):
+                return None
+            i = self.next_free
+        self.used[i] = True
+        return self.entries[i]
+
+    @property
+    def unused(self) -> list[str]:
+        return [e.name for e, u in zip(self.entries, self.used) if not u]
+
+
+def _tape_from(source: Any) -> _Tape:
+    if isinstance(source, _Tape):
+        return source
+    if isinstance(source, Mapping):
+        items = list(source.items())
+        entries = [NoiseEntry(str(k), "tensor", tuple(v.shape), dtype_name(v.dtype), i) for i, (k, v) in enumerate(items)]
+        table = {str(k): v for k, v in items}
+        return _Tape(entries, table.__getitem__, "a dict of tensors")
+    if isinstance(source, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in source):
+        return _tape_from({f"rng.{i}": t for i, t in enumerate(source)})
+    if isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        if p.is_file() and p.suffix == ".safetensors" and _is_noise_file(p):
+            entries, tensors = _read_noise(p)
+            return _Tape(entries, tensors.__getitem__, str(p))
+        source = Bundle.open(p)
+    if isinstance(source, Bundle):
+        recs = [r for r in source if r.kind == KIND_RNG]
+        missing = [r.name for r in recs if not r.has_tensor]
+        if missing:
+            raise BundleError(f"{source.path}: random record {missing[0]!r} has no stored tensor; "
+                              "recapture the reference with tensorprobe >= 0.1 (random outputs are always kept)")
+        entries = [NoiseEntry.from_record(r, i) for i, r in enumerate(recs)]
+        return _Tape(entries, source.tensor, str(source.path))
+    raise InputError(f"can't replay randomness from a {type(source).__name__}: give a bundle, a bundle path, "
+                     "a noise .safetensors file or a dict of tensors")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Replay
+
+
+class RngReplay:
+    """Feed recorded random tensors back into a run, in call order.
+
+    Use through `tensorprobe.capture(..., replay_rng=BUNDLE)` (names come from capture's module stack),
+    or as a context manager around your own code:
+
+        >>> with RngReplay("ref_bundle", model=model) as replay:      # doctest: +SKIP
+        ...     y = model(x)
+        >>> replay.replayed[:1]                                       # doctest: +SKIP
+        ['generator.m_source.l_sin_gen/rand.0']
+
+    Args:
+        source: a `Bundle`, a bundle path, a noise file from `export_noise`, a dict name -> tensor,
+            or a list of tensors (matched by order).
+        model: optional; with it the context manager names random ops by module path (match by name),
+            without it they are matched by call order only.
+        strict: refuse to fall back to call order when a name is not in the recording.
+        cast: convert a recorded tensor to the dtype this run draws whatever its kind; without it only
+            within a kind (float32 noise for a float16 or float64 run, int64 for int32). Shapes must agree,
+            and the tensor goes to the device this run draws on (a CPU recording replays on CUDA).
+    """
+
+    def __init__(self, source: Any, *, model: torch.nn.Module | None = None, strict: bool = False,
+                 cast: bool = False):
+        self.tape = _tape_from(source)
+        if not self.tape.entries:
+            raise InputError(f"{self.tape.origin}: no random ops were recorded there, nothing to replay "
+                             "(capture the reference run first: tensorprobe capture TARGET --keep full)")
+        self.model = model
+        self.strict = strict
+        self.cast = cast
+        self.replayed: list[str] = []
+        self._counts: dict[tuple[str, int, str], int] = {}
+        self._mode: _ReplayMode | None = None
+        self._hooks: list[Any] = []
+        self._modules: Any = None
+
+    @property
+    def unused(self) -> list[str]:
+        """Names of recorded random tensors this run never asked for."""
+        return self.tape.unused
+
+    def name_for(self, func: Any, module: str, call: int) -> str:
+        """The record name capture gives this random op (`<module>[@call]/<op>.<k>`), counting per call."""
+        base = func._schema.name.split("::")[-1]
+        key = (module, call, base)
+        k = self._counts.get(key, 0)
+        self._counts[key] = k + 1
+        return record_name(module, call, str(func), k)
+
+    def take(self, func: Any, args: tuple, kwargs: dict, name: str | None = None,
+             source: str | None = None) -> Any:
+        """Run random op `func`, then replace what it drew with the next recorded tensor(s)."""
+        out = func(*args, **kwargs)
+        base = func._schema.name.split("::")[-1]
+        if base == "native_dropout":
+            return self._dropout(args, kwargs, out, name, source)
+        targets = _written_args(func, args, kwargs)
+        flat, spec = tree_flatten(out)
+        if targets:  # in-place / out= op: copy into what it wrote, return it as the op did
+            for i, t in enumerate(targets):
+                t.copy_(self._next(func, t, _sub(name, i, len(targets)), source))
+            return out
+        tensors = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
+        for j, i in enumerate(tensors):
+            flat[i] = self._next(func, flat[i], _sub(name, j, len(tensors)), source).clone()
+        return tree_unflatten(flat, spec)
+
+    def _dropout(self, args: tuple, kwargs: dict, out: Any, name: str | None, source: str | None) -> Any:
+        x, p = args[0], float(args[1] if len(args) > 1 else kwargs.get("p", 0.5))
+        _, mask = out
+        self._next(None, out[0], _sub(name, 0, 2), source)  # keep positions aligned with capture's two records
+        mask = self._next(None, mask, _sub(name, 1, 2), source).to(mask.device)
+        scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
+        return x * mask * scale, mask
+
+    def _next(self, func: Any, like: torch.Tensor, name: str | None, source: str | None) -> torch.Tensor:
+        where = f"{name or (str(func) if func is not None else 'a random op')}" + (f" at {source}" if source else "")
+        if self.strict and name is not None and name not in self.tape.by_name:
+            raise InputError(f"random op {where} is not in the recording {self.tape.origin} "
+                             "(strict replay matches by name only)")
+        entry = self.tape.take(name)
+        if entry is None:
+            raise InputError(f"the recording {self.tape.origin} ran out: it holds {len(self.tape.entries)} random "
+                             f"tensors, and this run asked for one more ({where}); was it captured from the same "
+                             "model and inputs?")
+        t = self.tape.loader(entry.name)
+        if tuple(t.shape) == tuple(like.shape) and (self.cast or _same_kind(t.dtype, like.dtype)):
+            t = t.to(like.dtype)  # float32 noise replayed by a float64, float16 or bfloat16 run
+        if tuple(t.shape) != tuple(like.shape) or t.dtype != like.dtype:
+            raise InputError(
+                f"replaying {where}: the recording's next random tensor {entry.name!r} is {_desc(t)} but this run "
+                f"drew {_desc(like)}; the bundle {self.tape.origin} comes from another model or other inputs")
+        self.replayed.append(entry.name)
+        return t.to(like.device)
+
+    # ---- standalone use: a dispatch mode (and module hooks for names when `model` is given) -----------
+    def __enter__(self) -> "RngReplay":
+        if self.model is not None:
+            self._modules = ModuleStack()
+            for path, mod in self.model.named_modules():
+                self._hooks.append(mod.register_forward_pre_hook(_enter_hook(self._modules, path)))
+                self._hooks.append(mod.register_forward_hook(_exit_hook(self._modules, path), always_call=True))
+        self._mode = _ReplayMode(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+class _ReplayMode(TorchDispatchMode):
+    def __init__(self, replay: RngReplay):
+        super().__init__()
+        self.replay = replay
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if op_base_name(func) not in RNG_OPS:
+            return func(*args, **(kwargs or {}))
+        name = None
+        mods = self.replay._modules
+        if mods is not None:
+            name = self.replay.name_for(func, *mods.current)
+        return self.replay.take(func, args, kwargs or {}, name, user_source_line())
+
+
+def _enter_hook(stack: Any, path: str):
+    def hook(module, args):
+        stack.enter(path)
+    return hook
+
+
+def _exit_hook(stack: Any, path: str):
+    def hook(module, args, output):
+        stack.exit(path)
+    return hook
+
+
+def _written_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors an in-place or out= op writes (from its schema's alias annotations)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
+def _sub(name: str | None, i: int, n: int) -> str | None:
+    return f"{name}:{i}" if name is not None and n > 1 else name
+
+
+def _same_kind(a: torch.dtype, b: torch.dtype) -> bool:
+    return (a.is_floating_point == b.is_floating_point and a.is_complex == b.is_complex
+            and (a == torch.bool) == (b == torch.bool))
+
+
+def _desc(t: torch.Tensor) -> str:
+    return f"{dtype_name(t.dtype)}[{'×'.join(map(str, t.shape)) or 'scalar'}]"
+
+
+def as_replay(source: Any, **kw: Any) -> RngReplay:
+    """`source` if it is already an `RngReplay`, else a new one over it (used by `capture(replay_rng=...)`)."""
+    return source if isinstance(source, RngReplay) else RngReplay(source, **kw)
