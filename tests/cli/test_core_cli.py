@@ -106,3 +106,43 @@ def test_demo_finds_origin(kokoro):
     doc = json.loads(out)
     assert doc["origin"]["module"] == "generator.noise_res.0.adain1.0.norm"
     assert doc["reference"]["found"] is False
+
+
+def test_a_bundle_cut_short_says_where_it_stops_in_nan_show_and_diff(tmp_path):
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self, fail):
+                super().__init__()
+                self.a, self.b, self.c = (torch.nn.Linear(4, 4) for _ in range(3))
+                self.fail = fail
+            def forward(self, x):
+                x = torch.relu(self.b(torch.relu(self.a(x))))
+                if self.fail:
+                    raise RuntimeError("CUDA out of memory")
+                return self.c(x)
+
+        def good():
+            torch.manual_seed(0)
+            return Net(False), (torch.ones(2, 4),)
+
+        def cut():
+            torch.manual_seed(0)
+            return Net(True), (torch.ones(2, 4),)
+    """))
+    for name in ("good", "cut"):
+        run("capture", f"net.py:{name}", "-o", name, "--level", "op", "--keep", "full", cwd=tmp_path)
+    where = "its capture stopped after record 10, <root>/relu.1 (RuntimeError: CUDA out of memory)"
+
+    code, out, _ = run("nan", "cut", "--json", cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 1 and doc["status"] == "incomplete" and not doc["origin"]["found"]   # not a clean run
+    assert where in doc["origin"]["headline"] and "not checked" in doc["origin"]["headline"]
+    code, out, _ = run("show", "cut", cwd=tmp_path)
+    assert code == 0 and f"incomplete: {where}" in " ".join(out.split())
+    code, out, _ = run("diff", "good", "cut", "--json", cwd=tmp_path)
+    doc = json.loads(out)
+    assert code == 1 and doc["report"]["verdict"] == "incomplete"      # everything compared matches: still not a pass
+    assert doc["report"]["summary"].startswith(f"The candidate bundle is incomplete: {where}")
+    assert run("diff", "good", "good", cwd=tmp_path)[0] == 0

@@ -61,6 +61,26 @@ class Bundle:
         return self.manifest.get("error")
 
     @property
+    def stops_at(self) -> Record | None:
+        """The last record an incomplete bundle holds (None for a complete bundle)."""
+        if self.complete or not self.records:
+            return None
+        return max(self.records, key=lambda r: r.order)
+
+    def incomplete_note(self) -> str | None:
+        """One sentence for an incomplete bundle: where its capture stopped and why; None when complete.
+
+        >>> Bundle.open("killed_capture").incomplete_note()          # doctest: +SKIP
+        'its capture stopped after record 10, b/relu.0 (RuntimeError: CUDA out of memory)'
+        """
+        if self.complete:
+            return None
+        last, err = self.stops_at, self.error or {}
+        why = f"{err.get('type', 'Interrupted')}: {err.get('message', 'the capture did not finish')}"
+        where = f"after record {last.order}, {last.name}" if last is not None else "before its first record"
+        return f"its capture stopped {where} ({why})"
+
+    @property
     def runtime(self) -> dict:
         return self.manifest.get("runtime", {})
 

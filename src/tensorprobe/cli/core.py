@@ -146,11 +146,13 @@ def nan(
 def _report_nan(origin: NanOrigin, json_out: bool) -> None:
     from ..report.core import render_nan_origin
 
+    # a bundle cut short is not a clean run: what it lacks was never checked
+    status = "finding" if origin.found else "incomplete" if origin.incomplete else "ok"
     if json_out:
-        emit_json("nan", "finding" if origin.found else "ok", {"origin": origin.to_dict()})
+        emit_json("nan", status, {"origin": origin.to_dict()})
     else:
         render_nan_origin(console, origin)
-    raise typer.Exit(EXIT_FINDING if origin.found else EXIT_OK)
+    raise typer.Exit(EXIT_OK if status == "ok" else EXIT_FINDING)
 
 
 @app.command()

@@ -40,7 +40,7 @@ _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairResult],
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
                  notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None,
-                 environment_notes: Sequence[str] = ()) -> DiffReport:
+                 environment_notes: Sequence[str] = (), incomplete: Sequence[str] = ()) -> DiffReport:
     """Assemble a `DiffReport` from the compared pairs (in reference execution order)."""
     from .summary import summarize
 
@@ -77,7 +77,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                         notes=tuple(notes), summary="", weights=tuple(weights), weights_ref_only=tuple(w_ref_only),
                         weights_cand_only=tuple(w_cand_only), outputs=outputs,
                         first_difference=failing[0].name if failing and first is not failing[0] else None,
-                        environment_notes=tuple(environment_notes),
+                        environment_notes=tuple(environment_notes), incomplete=tuple(incomplete),
                         rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.failed))
     return replace(report, summary=summarize(report))
 

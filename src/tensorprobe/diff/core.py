@@ -90,7 +90,7 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
     return analysis.build_report(
         ref=str(ref_b.path), cand=str(cand_b.path), criteria=criteria, results=results,
         ref_records=ref_b.records, ref_only=[r.name for r in alignment.ref_only],
-        cand_only=[c.name for c in alignment.cand_only], notes=_bundle_notes(ref_b, cand_b),
+        cand_only=[c.name for c in alignment.cand_only], notes=[], incomplete=_incomplete(ref_b, cand_b),
         ref_bundle=ref_b, cand_bundle=cand_b, environment_notes=explain_environment(ref_env, cand_env))
 
 
@@ -318,14 +318,9 @@ def _shape(s: Sequence[int]) -> str:
     return "(" + ", ".join(map(str, s)) + ")"
 
 
-def _bundle_notes(ref: Bundle, cand: Bundle) -> list[str]:
-    notes = []
-    for label, b in (("reference", ref), ("candidate", cand)):
-        if not b.complete:
-            err = b.error or {}
-            notes.append(f"the {label} bundle is incomplete ({err.get('type', 'interrupted')}: "
-                         f"{err.get('message', '')}); records after the failure are missing")
-    return notes
+def _incomplete(ref: Bundle, cand: Bundle) -> list[str]:
+    return [f"the {label} bundle is incomplete: {b.incomplete_note()}; the records after it were not compared"
+            for label, b in (("reference", ref), ("candidate", cand)) if not b.complete]
 
 
 __all__ = ["diff", "compare_pair", "judge"]

@@ -23,6 +23,7 @@ VERDICT_MATCH = "match"
 VERDICT_DIVERGED = "diverged"
 VERDICT_CONSISTENT = "consistent"       # nothing compared element-wise; the statistics show no divergence
 VERDICT_EMPTY = "nothing_compared"
+VERDICT_INCOMPLETE = "incomplete"     # no divergence in what was compared, but a bundle stops early
 
 
 
@@ -243,15 +244,19 @@ class DiffReport:
     first_difference: str | None = None     # first failing record in execution order, when not the divergence
     environment_notes: tuple[str, ...] = ()
     rng_differs: tuple[str, ...] = ()       # random draws that differ (not replayed)
+    incomplete: tuple[str, ...] = ()        # "the candidate bundle is incomplete: its capture stopped after ..."
 
     @property
     def verdict(self) -> str:
         """match: everything compared agrees (up to rounding, under the noise rule); diverged: something
-        decisive fails; consistent: nothing was compared element-wise and the statistics show no divergence;
+        decisive fails; incomplete: nothing diverges, but a bundle stops early (the rest was never compared);
+        consistent: nothing was compared element-wise and the statistics show no divergence;
         nothing_compared: no pair could be compared at all."""
         everything = self.pairs + self.weights
         if any(self._decisive(p) for p in everything):
             return VERDICT_DIVERGED
+        if self.incomplete:
+            return VERDICT_INCOMPLETE
         methods = {p.method for p in everything if p.compared}
         if methods - {None, METHOD_STATS}:
             return VERDICT_MATCH
@@ -314,7 +319,7 @@ class DiffReport:
             "strongest_amplifier": self.amplifiers[0].to_dict() if self.amplifiers else None,
             "amplifiers": [a.to_dict() for a in self.amplifiers], "rng_note": self.rng_note,
             "rng_differs": list(self.rng_differs), "environment_notes": list(self.environment_notes),
-            "notes": list(self.notes), "counts": self.counts(),
+            "notes": list(self.notes), "incomplete": list(self.incomplete), "counts": self.counts(),
             "ref_only": list(self.ref_only), "cand_only": list(self.cand_only),
             "shape_mismatches": list(self.shape_mismatches),
             "not_comparable": [{"name": p.name, "dtype": p.dtype, "cand_name": p.cand_name,

@@ -76,6 +76,8 @@ def summarize(r: DiffReport) -> str:
         return (f"Nothing compared: {len(r.pairs)} records line up, but none could be compared "
                 "(no tensors and no statistics in common, or values of different kinds).")
     text = compared_words(r) + " "
+    if r.incomplete:
+        text = " ".join(n[0].upper() + n[1:] + "." for n in r.incomplete) + " " + text
     if verdict == VERDICT_CONSISTENT:
         text = (f"No divergence found, but nothing was compared element-wise: {compared_words(r)[9:]} "
                 "Statistics only prove differences; capture with --keep full to compare values.")

@@ -47,7 +47,7 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
         if _cannot_make_nan(r, ins):
             return _unrecorded_origin(b, r, records, len(records))
         return _bundle_origin(b, r, ins, len(records))
-    return NanOrigin(found=False, ops_checked=len(records))
+    return NanOrigin(found=False, ops_checked=len(records), incomplete=_incomplete(b))
 
 
 def _cannot_make_nan(r: Record, ins: list[Record]) -> bool:
@@ -76,7 +76,7 @@ def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> N
         found=True, cause=CAUSE_UNRECORDED, record=producer.name, op=producer.op, module=producer.module,
         op_index=producer.order, output=TensorSummary(producer.name, producer.shape, producer.dtype, producer.stats),
         diagnosis=tuple(diagnosis), ops_checked=n,
-        note=None if b.complete else "the bundle is incomplete (its capture did not finish)")
+        note=_incomplete(b))
 
 
 def _normalization_evidence(b: Bundle, norm: Record, records: list[Record]) -> tuple[list[str], bool]:
@@ -123,5 +123,10 @@ def _bundle_origin(b: Bundle, r: Record, ins: list[Record], n: int) -> NanOrigin
         found=True, cause=CAUSE_RECORD, record=r.name, op=r.op, module=r.module, source=r.source,
         op_index=r.order, inputs=tuple(TensorSummary(i.name, i.shape, i.dtype, i.stats) for i in ins),
         output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=tuple(diagnosis), ops_checked=n,
-        note=None if b.complete else "the bundle is incomplete (its capture did not finish)",
+        note=_incomplete(b),
     )
+
+
+def _incomplete(b: Bundle) -> str | None:
+    note = b.incomplete_note()
+    return f"the bundle is incomplete: {note}" if note else None

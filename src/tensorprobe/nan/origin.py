@@ -64,8 +64,12 @@ class NanOrigin:
     spread: tuple[Spread, ...] = ()
     ops_checked: int = 0
     note: str | None = None
+    incomplete: str | None = None      # a bundle whose capture stopped early: where, and why (nothing found)
 
     def headline(self) -> str:
+        if not self.found and self.incomplete:
+            return (f"No NaN or Inf in the {self.ops_checked} records captured, but {self.incomplete}: what ran "
+                    "after it was not checked.")
         if not self.found:
             return f"No NaN or Inf: all {self.ops_checked} op outputs are finite."
         if self.cause == CAUSE_MODEL_INPUT:
@@ -93,5 +97,5 @@ class NanOrigin:
             "op_index": self.op_index, "inputs": [i.to_dict() for i in self.inputs],
             "output": self.output.to_dict() if self.output else None, "diagnosis": list(self.diagnosis),
             "spread": [s.to_dict() for s in self.spread], "ops_checked": self.ops_checked,
-            "headline": self.headline(), "note": self.note,
+            "headline": self.headline(), "note": self.note, "incomplete": self.incomplete,
         }

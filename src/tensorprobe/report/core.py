@@ -33,7 +33,7 @@ _STATS_HEAD = ["finite", "NaN", "±Inf", "min", "max", "mean", "std"]
 
 def render_nan_origin(console: Console, origin: NanOrigin) -> None:
     """The finding, its evidence table (inputs and output), the diagnosis and how the damage spreads."""
-    style = "bold red" if origin.found else "bold green"
+    style = "bold red" if origin.found else "bold yellow" if origin.incomplete else "bold green"
     console.print(f"[{style}]{escape(origin.headline())}[/]")
     if not origin.found:
         return
@@ -79,8 +79,8 @@ def render_bundle(console: Console, bundle: Bundle, records: list[Record], total
     rt = m.get("runtime", {})
     console.print(f"[bold]{escape(str(bundle.path))}[/]  [{color}]{status}[/]  runtime: {escape(str(rt.get('name', '?')))} "
                   f"{escape(str(rt.get('version', '')))}  records: {len(bundle)}")
-    if bundle.error:
-        console.print(f"[yellow]capture error:[/] {escape(bundle.error.get('type', ''))}: {escape(bundle.error.get('message', ''))}")
+    if not bundle.complete:
+        console.print(f"[bold yellow]incomplete:[/] {escape(bundle.incomplete_note() or '')}")
     for warning in m.get("warnings", []):
         console.print(f"[yellow]warning:[/] {escape(str(warning))}")
     table = Table(show_edge=False)
