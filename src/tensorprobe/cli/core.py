@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from ..nan import NanOrigin
 
 _BUNDLE_SUFFIXES = (".npz", ".safetensors")
-_ARTIFACT_RUNTIMES = {".onnx": "onnxruntime", ".pte": "executorch"}
 
 
 def _is_bundle_path(spec: str) -> bool:
@@ -64,10 +63,12 @@ def capture(
     from ..targets import load_target
 
     t0 = time.perf_counter()
-    suffix = Path(target).suffix
     options = parse_options(option)
-    if suffix in _ARTIFACT_RUNTIMES and ":" not in target:
-        bundle = _capture_artifact(target, out, runtime or _ARTIFACT_RUNTIMES[suffix], inputs, keep, include, exclude,
+    from ..runtimes import runtime_for_artifact
+
+    artifact_runtime = runtime_for_artifact(target) if ":" not in target else None
+    if artifact_runtime is not None:
+        bundle = _capture_artifact(target, out, runtime or artifact_runtime, inputs, keep, include, exclude,
                                    options)
     else:
         tgt = load_target(target)

@@ -1,7 +1,8 @@
 """Runtime adapters: one module per runtime, registered here by name.
 
-Adding a runtime = adding `runtimes/<name>.py` with one `RuntimeAdapter` subclass and one line below.
-Heavy packages are imported inside the adapter only, so this module imports with no extras installed.
+Adding a runtime = adding `runtimes/<name>.py` with one `RuntimeAdapter` subclass (the interface is in
+`base.py`) and one line in `_REGISTRY` below. Heavy packages are imported inside the adapter only, so this
+module imports with no extras installed. docs/CONTRIBUTING.md walks through it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import InputError
-from .base import RuntimeAdapter, RuntimeTensor
+from .base import RuntimeAdapter, RuntimeTensor, Selection
 
 # name -> "module:Class", imported on first use.
 _REGISTRY: dict[str, str] = {
@@ -25,15 +26,26 @@ def runtime_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def runtime_for_artifact(path: str) -> str | None:
+    """The runtime that opens an artifact file by its suffix (`model.onnx` -> 'onnxruntime'), from each
+    adapter's `artifact_suffixes`; None when no runtime claims it."""
+    for name in runtime_names():
+        cls = _adapter_class(name)
+        if any(str(path).endswith(sfx) for sfx in cls.artifact_suffixes):
+            return cls.name or name
+    return None
+
+
+def _adapter_class(name: str) -> type[RuntimeAdapter]:
+    mod_name, cls_name = _REGISTRY[name].split(":")
+    return getattr(importlib.import_module(f"{__name__}.{mod_name}"), cls_name)
+
+
 def get_runtime(name: str) -> RuntimeAdapter:
     """The adapter for `name` (e.g. 'onnxruntime'); raises InputError listing known names."""
-    try:
-        spec = _REGISTRY[name]
-    except KeyError:
-        raise InputError(f"unknown runtime {name!r}; known runtimes: {', '.join(runtime_names()) or 'none'}") from None
-    mod_name, cls_name = spec.split(":")
-    cls = getattr(importlib.import_module(f"{__name__}.{mod_name}"), cls_name)
-    return cls()
+    if name not in _REGISTRY:
+        raise InputError(f"unknown runtime {name!r}; known runtimes: {', '.join(runtime_names()) or 'none'}")
+    return _adapter_class(name)()
 
 
-__all__ = ["RuntimeAdapter", "RuntimeTensor", "get_runtime", "runtime_names"]
+__all__ = ["RuntimeAdapter", "RuntimeTensor", "Selection", "get_runtime", "runtime_for_artifact", "runtime_names"]

@@ -4,14 +4,21 @@ A runtime is one module under `runtimes/` with one `RuntimeAdapter` subclass, re
 `runtimes/__init__.py`. The base class does the common work once: checking that the optional package
 is installed (with a message naming the extra), opening the bundle writer, computing statistics, naming
 records with the PyTorch module path while keeping the runtime's own node name in `runtime_name`.
-A subclass fills in three methods:
+A subclass fills in these methods:
 
-    _prepare(model, inputs, workdir)  -> artifact    export / lower / compile (e.g. torch.onnx.export)
-    _load(path)                       -> artifact    open a user's existing artifact (.onnx, .pte)
-    _run(artifact, inputs)            -> iterator of RuntimeTensor, in execution order; the model's own
-                                         outputs with kind "model_output" (`output`, `output.0`, ...)
+    _prepare(model, inputs, workdir, **options) -> artifact   export / lower / compile (torch.onnx.export)
+    _load(path, **options)            -> artifact    open a user's existing artifact (.onnx, .pte, .so)
+    _run(artifact, inputs, selection) -> iterator of RuntimeTensor, in execution order; the model's own
+                                         outputs with kind "model_output" (`output`, `output.0`, ...);
+                                         `selection.wants(name)` says which records the capture keeps
     _weights(artifact)                -> iterator of RuntimeTensor of kind "param" (optional): the weights
                                          the artifact holds, named by state-dict name where it can tell
+    run_module(module, inputs)        -> list of arrays (optional): one torch module alone in this runtime,
+                                         what per-component isolation (`components.isolate_components`) needs
+
+The keyword options of `_prepare` / `_load` are the runtime's options (`-O KEY=VALUE`): `check_options`
+reads them from the signatures, so an unknown option fails before anything runs. Options a run needs
+(threads, memory) travel on the artifact, never on the adapter: one adapter serves many captures.
 
     >>> from tensorprobe.runtimes import get_runtime                                # doctest: +SKIP
     >>> bundle = get_runtime("onnxruntime").capture(model, inputs, out="ort_bundle")  # doctest: +SKIP
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +43,29 @@ from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, Record, dtype_name
 from ..stats import compute_stats, tensor_digest
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which records a capture keeps (`--include` / `--exclude` regexes on record names). A runtime that
+    can skip work for values nobody keeps (ONNX Runtime: not making them graph outputs) asks `wants`.
+
+    >>> Selection.of(include=r"norm").wants("decode.0.norm1", "other")
+    True
+    """
+
+    include: re.Pattern | None = None
+    exclude: re.Pattern | None = None
+
+    @classmethod
+    def of(cls, include: str | None = None, exclude: str | None = None) -> "Selection":
+        return cls(re.compile(include) if include else None, re.compile(exclude) if exclude else None)
+
+    def wants(self, *names: str) -> bool:
+        """True when one of `names` (a record's names) is included and none is excluded."""
+        if self.include is not None and not any(self.include.search(n) for n in names):
+            return False
+        return not (self.exclude is not None and any(self.exclude.search(n) for n in names))
 
 
 @dataclass
@@ -125,33 +156,41 @@ class RuntimeAdapter:
     def _load(self, path: Path, **options: Any) -> Any:
         raise NotImplementedError(f"{self.name} can't load an existing artifact")
 
-    def _run(self, artifact: Any, inputs: Any) -> Iterator[RuntimeTensor]:
+    def _run(self, artifact: Any, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
         raise NotImplementedError
 
     def _weights(self, artifact: Any) -> Iterator[RuntimeTensor]:
         """The artifact's weights (kind "param"), compared by `diff` before the forward; none by default."""
         return iter(())
 
-    def runtime_info(self) -> dict[str, Any]:
+    def runtime_info(self, artifact: Any = None) -> dict[str, Any]:
+        """Name, version and settings of the runtime (and of `artifact`, where the adapter knows some)."""
         mod = importlib.import_module(self.package)
         return {"name": self.name, "version": getattr(mod, "__version__", "unknown")}
+
+    def run_module(self, module: torch.nn.Module, inputs: tuple, **options: Any) -> list[np.ndarray]:
+        """Run one torch module alone in this runtime (export, lower, run) and return its outputs: what
+        `components.isolate_components` needs to tell which component breaks. Optional."""
+        raise NotImplementedError(f"runtime {self.name!r} cannot run one module alone (no run_module)")
+
+    @classmethod
+    def can_run_modules(cls) -> bool:
+        """True when this runtime implements `run_module` (per-component isolation works with it)."""
+        return cls.run_module is not RuntimeAdapter.run_module
 
     # ---- common work --------------------------------------------------------------------------------
     def _capture_artifact(self, artifact: Any, inputs: Any, out: str | os.PathLike, *, keep: str,
                           include: str | None, exclude: str | None, model_info: dict) -> Bundle:
-        import re
-
-        inc = re.compile(include) if include else None
-        exc = re.compile(exclude) if exclude else None
+        selection = Selection.of(include, exclude)
         named_inputs = _name_inputs(inputs)
-        writer = BundleWriter(out, model=model_info, runtime=self.runtime_info(),
+        writer = BundleWriter(out, model=model_info, runtime=self.runtime_info(artifact),
                               capture={"level": "runtime", "keep": keep, "include": include, "exclude": exclude},
                               inputs=named_inputs, reuse_buffers=keep == "full")
         with writer:
             order = 0
             for rt in self._weights(artifact):
                 name = rt.name or rt.runtime_name
-                if (inc and not inc.search(name)) or (exc and exc.search(name)):
+                if not selection.wants(name):
                     continue
                 t = _to_torch(rt.value)
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
@@ -166,10 +205,10 @@ class RuntimeAdapter:
                            t if keep == "full" else None)
                 order += 1
             dtypes: set[str] = set()
-            for rt in self._run(artifact, inputs):
+            for rt in self._run(artifact, inputs, selection):
                 name = rt.name or rt.runtime_name
                 kept = rt.kind in _ALWAYS_KEPT
-                if not kept and ((inc and not inc.search(name)) or (exc and exc.search(name))):
+                if not kept and not selection.wants(name):
                     continue
                 t = _to_torch(rt.value)
                 dtypes.add(dtype_name(t.dtype))
@@ -178,9 +217,9 @@ class RuntimeAdapter:
                                   runtime_name=rt.runtime_name, inputs=rt.inputs, tags=rt.tags),
                            t if (keep == "full" or kept) else None, copy=rt.borrowed)
                 order += 1
-            env = collect_environment(runtime=self.runtime_info())
+            env = collect_environment(runtime=self.runtime_info(artifact))
             env["dtypes"] = sorted(d for d in dtypes if d.startswith(("float", "bfloat")))
-            writer.set_header(environment=env, runtime=self.runtime_info())   # with notes made while running
+            writer.set_header(environment=env, runtime=self.runtime_info(artifact))   # with notes made while running
         return writer.bundle()
 
 

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import TensorprobeError
+from ..errors import InputError, TensorprobeError
 from ..record import module_label
 from ..hooks import module_hooks
+from .base import RuntimeAdapter
 
 STATUS_OK = "ok"
 STATUS_NONFINITE = "nonfinite"  # the runtime made NaN/Inf where PyTorch is finite
@@ -170,7 +171,7 @@ def _compare(path: str, kind: str, ref: list[torch.Tensor], got: list[np.ndarray
     return worst
 
 
-def isolate_components(model: torch.nn.Module, inputs: Sequence[Any], run_module: RunModule, *,
+def isolate_components(model: torch.nn.Module, inputs: Sequence[Any], run_module: "RunModule | RuntimeAdapter", *,
                        rtol: float = 1e-3, max_depth: int | None = None,
                        on_result: Callable[[ComponentResult], None] | None = None) -> ComponentReport:
     """Bisect `model` down its module tree to the smallest components that fail alone in a runtime.
@@ -178,7 +179,8 @@ def isolate_components(model: torch.nn.Module, inputs: Sequence[Any], run_module
     Args:
         model: the PyTorch model (the reference).
         inputs: its forward inputs.
-        run_module: runs one module on a tuple of tensors in the runtime and returns its outputs
+        run_module: a runtime adapter that can run one module alone (`RuntimeAdapter.can_run_modules()`),
+            or any function running one module on a tuple of tensors and returning its outputs
             (e.g. `get_runtime("executorch").run_module`).
         rtol: largest accepted max-abs error relative to the largest |PyTorch output|.
         max_depth: stop descending below this depth (root = 0).
@@ -192,6 +194,11 @@ def isolate_components(model: torch.nn.Module, inputs: Sequence[Any], run_module
         >>> [c.path for c in report.culprits]                                          # doctest: +SKIP
         ['norm']
     """
+    if isinstance(run_module, RuntimeAdapter):
+        if not run_module.can_run_modules():
+            raise InputError(f"runtime {run_module.name!r} cannot run one module alone (no run_module): "
+                             "per-component isolation needs one")
+        run_module = run_module.run_module
     model = model.eval()
     calls = record_calls(model, tuple(inputs))
     checked: list[ComponentResult] = []

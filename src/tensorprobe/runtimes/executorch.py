@@ -32,7 +32,7 @@ import torch
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from ..record import KIND_MODEL_OUTPUT, TAG_OPAQUE, TAG_RANDOM_REPLACED, short_op
-from .base import RuntimeAdapter, RuntimeTensor
+from .base import RuntimeAdapter, RuntimeTensor, Selection
 from .exported import (RANDOM_REWRITE, RANDOM_TO_ZEROS_OPS, TapInfo, check_equivalent, export_tapped,
                        rewrite_for_import)
 
@@ -93,13 +93,13 @@ class ExecuTorchAdapter(RuntimeAdapter):
         info = TapInfo.from_dict(json.loads(meta.read_text())) if meta.exists() else TapInfo.untapped(1 << 30)
         return PteArtifact(path, etrecord if etrecord.exists() else None, info, debug_buffer_mb << 20)
 
-    def _run(self, artifact: PteArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
+    def _run(self, artifact: PteArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
         values = [_torch(v) for v in (inputs.values() if isinstance(inputs, dict) else inputs)]
         outputs, events = run_pte(artifact, values)
         outs = _program_outputs(artifact.taps, outputs)
         yield from _merge(events, outs, artifact.random_zeros)
 
-    def runtime_info(self) -> dict[str, Any]:
+    def runtime_info(self, artifact: PteArtifact | None = None) -> dict[str, Any]:
         from executorch import version
 
         return {"name": self.name, "version": version.__version__, "backend": self.backend}

@@ -38,7 +38,7 @@ from ..record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse
 from ._onnx_names import (MODULE_OUTPUTS_KEY, SCOPE_KEY, GraphNamer, MappingRules, ValuePlan, graph_weights,
                           model_output_names,
                           node_inputs)
-from .base import RuntimeAdapter, RuntimeTensor
+from .base import RuntimeAdapter, RuntimeTensor, Selection
 from ..hooks import module_hooks
 
 EXPORTERS = ("dynamo", "legacy")
@@ -55,6 +55,8 @@ class OnnxArtifact:
     exporter: str | None = None      # "dynamo" / "legacy" when tensorprobe exported it, None for a user file
     rules: MappingRules | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    max_bytes: int | None = None     # run options: given at export/load, used by every run of this artifact
+    threads: int | None = None
 
 
 class OnnxRuntimeAdapter(RuntimeAdapter):
@@ -77,11 +79,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
     artifact_suffixes = (".onnx",)
 
     def __init__(self) -> None:
-        self._artifact_info: dict[str, Any] = {}
-        self._select: tuple[re.Pattern | None, re.Pattern | None] = (None, None)
-        self.max_bytes: int | None = None
-        self.threads: int | None = None
-        self.last_run: dict[str, Any] = {}
+        self.last_run: dict[str, Any] = {}   # figures of the latest run (outputs, segments, pool): for benchmarks
 
     # ---- hooks ------------------------------------------------------------------------------------
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, exporter: str = "dynamo",
@@ -95,7 +93,6 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
               max_bytes: int | None = None, threads: int | None = None) -> OnnxArtifact:
         import onnx
 
-        self._set_run_options(max_bytes, threads)
         if not path.is_file():
             raise TargetError(f"{path}: no such ONNX file")
         try:
@@ -104,23 +101,48 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             raise TargetError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
         if isinstance(rules, (str, os.PathLike)):
             rules = MappingRules.from_file(str(rules))
-        art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules)
+        art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules, max_bytes=max_bytes, threads=threads)
         art.info = {"onnx_file": str(path), "exporter": exporter or "none (user file)",
                     "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
                     "producer": f"{model.producer_name} {model.producer_version}".strip(),
                     "mapping_rules": len(rules.rules) if rules else 0}
-        self._artifact_info = art.info
         return art
 
-    def _run(self, artifact: OnnxArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
+    def _run(self, artifact: OnnxArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
+        return _OrtRun(artifact, selection, self.last_run).run(inputs)
+
+    def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
+        for name, value, tags in graph_weights(artifact.model.graph):
+            module = name.rsplit(".", 1)[0] if "." in name else ""
+            yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
+                                tags=tags, kind=KIND_PARAM)
+
+    def runtime_info(self, artifact: OnnxArtifact | None = None) -> dict[str, Any]:
+        info = super().runtime_info()
+        info.update(providers=["CPUExecutionProvider"], **(artifact.info if artifact is not None else {}))
+        return info
+
+
+class _OrtRun:
+    """One run of an artifact: its options, the records selected (--include/--exclude: unselected values
+    are never made graph outputs) and the notes it leaves on the artifact's info. No state on the adapter."""
+
+    def __init__(self, artifact: OnnxArtifact, selection: Selection, last_run: dict[str, Any]):
+        self.artifact = artifact
+        self.selection = selection
+        self.last_run = last_run
+
+    def run(self, inputs: Any) -> Iterator[RuntimeTensor]:
+        artifact = self.artifact
         feeds = graph_feeds(artifact.model, inputs)
         model = self._exposable(artifact.model, feeds)
         sizes, shapes, types = estimate_bytes(model, feeds)
         records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
-        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes, types).plan() if self._selected(p)]
-        budget = self.max_bytes or default_budget()
+        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes, types).plan() if self.selection.wants(*p.names, p.value)]
+        budget = artifact.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
-        self.last_run = {"outputs": len(plans), "estimated_bytes": total, "budget_bytes": budget}
+        self.last_run.clear()
+        self.last_run.update(outputs=len(plans), estimated_bytes=total, budget_bytes=budget)
         emitted: set[str] = set()
         try:
             for rt in self._run_full(model, feeds, plans, sizes, shapes, types, budget):
@@ -146,7 +168,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         if len(model.functions) or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
             try:
                 inlined, notes = inline_for_capture(model, feeds, self._values)
-                make_session(inlined, self.threads)
+                make_session(inlined, self.artifact.threads)
             except Exception as e:
                 self._note(f"If, Loop and Scan nodes and functions left as single ops ({_one_line(e)})")
             else:
@@ -159,7 +181,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         return model
 
     def _values(self, model: Any, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        sess = make_session(model, self.threads)
+        sess = make_session(model, self.artifact.threads)
         return dict(zip(names, sess.run(names, feeds)))
 
     def _outputs_only(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
@@ -185,7 +207,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             self._note(text)
 
     def _note(self, text: str) -> None:
-        self._artifact_info.setdefault("notes", []).append(text)
+        self.artifact.info.setdefault("notes", []).append(text)
 
     def _run_full(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
                   shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
@@ -206,7 +228,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             seg_plans = [p for p in plans if lo <= p.node_index < hi]
             sub, seg_in, seg_out = segment_model(model, lo, hi, live, {p.value for p in seg_plans}, needed_later, k,
                                                  weights.protos)
-            sess = make_session(sub, self.threads, weights.values_for(sub))
+            sess = make_session(sub, self.artifact.threads, weights.values_for(sub))
             outs = run_bound(sess, {v: live[v] for v in seg_in}, seg_out, shapes, types, pool)
             del sess, sub
             for v in list(live):
@@ -216,37 +238,6 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
             self.last_run["pool_bytes"] = pool.allocated
             yield from _emit(seg_plans, outs, drop=True)
-
-    def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
-        for name, value, tags in graph_weights(artifact.model.graph):
-            module = name.rsplit(".", 1)[0] if "." in name else ""
-            yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
-                                tags=tags, kind=KIND_PARAM)
-
-    def runtime_info(self) -> dict[str, Any]:
-        info = super().runtime_info()
-        info.update(providers=["CPUExecutionProvider"], **self._artifact_info)
-        return info
-
-    def _capture_artifact(self, artifact: Any, inputs: Any, out: Any, *, keep: str, include: str | None,
-                          exclude: str | None, model_info: dict) -> Any:
-        # Apply include/exclude before running, so unselected values are never made graph outputs.
-        self._select = (_compile(include), _compile(exclude))
-        return super()._capture_artifact(artifact, inputs, out, keep=keep, include=include, exclude=exclude,
-                                         model_info=model_info)
-
-    # ---- running -----------------------------------------------------------------------------------
-    def _set_run_options(self, max_bytes: int | None, threads: int | None) -> None:
-        # per call: an option given to one capture must not stick to the next one on this adapter
-        self.max_bytes = max_bytes
-        self.threads = threads
-
-    def _selected(self, plan: ValuePlan) -> bool:
-        inc, exc = self._select
-        keys = [*plan.names, plan.value]
-        if inc and not any(inc.search(k) for k in keys):
-            return False
-        return not (exc and any(exc.search(k) for k in keys))
 
 
 def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> Iterator[RuntimeTensor]:
@@ -767,10 +758,3 @@ def _one_line(e: BaseException) -> str:
     return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", line)
 
 
-def _compile(pattern: str | None) -> re.Pattern | None:
-    if not pattern:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as e:
-        raise InputError(f"invalid regex {pattern!r}: {e}") from None

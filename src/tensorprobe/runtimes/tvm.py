@@ -34,7 +34,7 @@ from ..bundle import atomic_write_bytes
 from ..errors import InputError
 from ..logs import native_stderr_silenced
 from ..record import KIND_MODEL_OUTPUT
-from .base import RuntimeAdapter, RuntimeTensor
+from .base import RuntimeAdapter, RuntimeTensor, Selection
 from .exported import TapInfo, check_equivalent, export_tapped, rewrite_for_import, unsupported_ops_message
 
 # Kernel symbols of the VM's own bookkeeping (allocation, shape checks): not numerical results.
@@ -47,6 +47,7 @@ class TvmArtifact:
     taps: TapInfo
     target: str
     rewrites: dict[str, int]
+    kernels: bool = False     # record every compiled kernel's output (run option)
 
 
 class TvmAdapter(RuntimeAdapter):
@@ -63,17 +64,15 @@ class TvmAdapter(RuntimeAdapter):
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, taps: bool = True,
                  target: str = "llvm", random: str = "keep", kernels: bool | None = None,
                  save: str | None = None) -> TvmArtifact:
-        if kernels is not None:
-            self.kernels = kernels
         ep, info = export_tapped(model.eval(), inputs, taps=taps)
         executable, rewrites, replaced = compile_program(ep, inputs, target=target, random=random,
                                                          n_outputs=info.n_outputs)
         info = replace(info, replaced=replaced)
         if save:
             save_artifact(executable, info, Path(save))
-        return TvmArtifact(executable, info, target, rewrites)
+        return TvmArtifact(executable, info, target, rewrites, self.kernels if kernels is None else kernels)
 
-    def _load(self, path: Path, **options: Any) -> TvmArtifact:
+    def _load(self, path: Path, *, kernels: bool | None = None) -> TvmArtifact:
         """Open a library written with `save=`: `model.so` plus its `model.so.taps.json` (output names)."""
         import tvm
 
@@ -81,22 +80,23 @@ class TvmAdapter(RuntimeAdapter):
             raise InputError(f"{path}: no such TVM library")
         meta = path.with_name(path.name + ".taps.json")
         info = TapInfo.from_dict(json.loads(meta.read_text())) if meta.exists() else TapInfo.untapped(1 << 30)
-        return TvmArtifact(tvm.runtime.load_module(str(path)), info, "loaded", {})
+        return TvmArtifact(tvm.runtime.load_module(str(path)), info, "loaded", {},
+                           self.kernels if kernels is None else kernels)
 
-    def _run(self, artifact: TvmArtifact, inputs: Any) -> Iterator[RuntimeTensor]:
+    def _run(self, artifact: TvmArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
         from tvm import relax
 
         import tvm
 
         vm = relax.VirtualMachine(artifact.executable, tvm.cpu())
         kernel_records: list[RuntimeTensor] = []
-        if self.kernels:
+        if artifact.kernels:
             vm.set_instrument(_kernel_recorder(kernel_records))
         outs = vm["main"](*[tvm.runtime.tensor(_np(x)) for x in _values(inputs)])
         yield from kernel_records
         yield from _program_outputs(artifact.taps, _flatten_tvm(outs))
 
-    def runtime_info(self) -> dict[str, Any]:
+    def runtime_info(self, artifact: TvmArtifact | None = None) -> dict[str, Any]:
         import tvm
 
         return {"name": self.name, "version": tvm.__version__, "target": "llvm"}
