@@ -39,6 +39,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..numbers import json_number
 from ..errors import InputError
 
 ERROR = "error"
@@ -188,15 +189,7 @@ class AudioReport:
                 "verdicts": [v.to_dict() for v in self.verdicts], "notes": list(self.notes)}
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        return v if math.isfinite(v) else None
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    return v
+_jsonable = json_number   # one JSON rule for numbers (tensorprobe.numbers)
 
 
 def dbfs(x: float) -> float:

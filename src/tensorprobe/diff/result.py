@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..numbers import json_number
+
 STATUS_PASS = "pass"
 STATUS_FAIL = "fail"
 STATUS_SHAPE = "shape_mismatch"
@@ -27,11 +29,7 @@ VERDICT_INCOMPLETE = "incomplete"     # no divergence in what was compared, but 
 
 
 
-def jfloat(v: Any) -> Any:
-    """JSON has no Inf/NaN: spell them "inf", "-inf", "nan" (the manifest's convention)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
+jfloat = json_number   # JSON has no Inf/NaN: "inf", "-inf", "nan" (tensorprobe.numbers)
 
 
 def _jdict(d: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ is escaped by jinja2's autoescape.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..numbers import fmt_number
 from ..audio.check import AudioReport
 from ..audio.compare import AudioDiff
 from ..bundle import atomic_write_bytes
@@ -25,16 +25,7 @@ from ..bundle import atomic_write_bytes
 _STATUS_STYLE = {"error": "bold red", "warning": "yellow", "ok": "green", "skipped": "dim", "finding": "bold red"}
 
 
-def fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, float) and math.isinf(v):
-        return "∞" if v > 0 else "-∞"
-    if isinstance(v, float):
-        return f"{v:.{digits}g}"
-    return str(v)
+fmt = fmt_number   # one rule for printing numbers (tensorprobe.numbers)
 
 
 def _figure_cell(v: Any, unit: str) -> str:

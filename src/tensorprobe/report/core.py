@@ -12,15 +12,11 @@ from rich.table import Table
 from ..bundle import Bundle
 from ..nan import NanOrigin, TensorSummary
 from ..record import Record
+from ..numbers import fmt_number
 from ..stats import TensorStats
 
 
-def fmt(v: float | None, digits: int = 4) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, int):
-        return str(v)
-    return f"{v:.{digits}g}"
+fmt = fmt_number
 
 
 def _stats_cells(s: TensorStats) -> list[str]:

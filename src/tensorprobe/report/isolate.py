@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..bundle import atomic_write_bytes
+from ..numbers import fmt_number
 from ..isolate.report import INHERITED, LOCAL, IsolateReport
 
 _STYLE = {LOCAL: "bold red", INHERITED: "yellow", "ok": "green", "unknown": "dim"}
@@ -32,7 +33,7 @@ def _snr(m: dict | None) -> str:
     v = m.get("snr_db")
     if v is None:
         return "–"
-    return "∞" if v == float("inf") else f"{v:.1f}"
+    return fmt_number(v) if not math.isfinite(v) else f"{v:.1f}"
 
 
 def _rel(m: dict | None) -> str:

@@ -7,29 +7,19 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..numbers import fmt_number
 from ..diff.result import (METHOD_DIGEST, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_PASS,
                            STATUS_SHAPE, DiffReport, PairResult)
 
 _STATUS_STYLE = {STATUS_PASS: "green", STATUS_FAIL: "red", STATUS_SHAPE: "magenta", STATUS_NOT_COMPARABLE: "yellow"}
 
 
-def fmt(v: Any, digits: int = 4) -> str:
-    """Compact number: '–' for None, 'inf' for infinities, `digits` significant digits."""
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if math.isnan(v):
-            return "nan"
-        return f"{v:.{digits}g}"
-    return str(v)
+fmt = fmt_number   # one rule for printing numbers (tensorprobe.numbers)
 
 
 def fmt_corr(v: float | None) -> str:

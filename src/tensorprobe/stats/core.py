@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..numbers import from_json_number, json_number
 
 # Channel indices kept in a record; the count is always exact.
 MAX_CHANNEL_IDX = 64
@@ -61,14 +62,14 @@ class TensorStats:
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)  # field order; every capture writes thousands of these
         for f in _FLOAT_FIELDS:
-            d[f] = _json_float(d[f])
+            d[f] = json_number(d[f])
         d["nonfinite_channel_idx"] = list(self.nonfinite_channel_idx)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TensorStats":
         known = cls.__dataclass_fields__
-        kw = {k: _from_json_float(v) for k, v in d.items() if k in known}
+        kw = {k: from_json_number(v) for k, v in d.items() if k in known}
         kw["nonfinite_channel_idx"] = tuple(kw.get("nonfinite_channel_idx") or ())
         return cls(**kw)
 
@@ -107,16 +108,3 @@ def resolve_channel_dim(shape: tuple[int, ...], channel_dim: int | None) -> int 
         return None
     cd = channel_dim % len(shape)
     return cd if shape[cd] > 1 else None
-
-
-def _json_float(v: Any) -> Any:
-    """JSON has no Inf/NaN: spell them as strings so the manifest stays valid JSON."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    return v
-
-
-def _from_json_float(v: Any) -> Any:
-    if isinstance(v, str) and v in ("nan", "inf", "-inf"):
-        return float(v)
-    return v

@@ -298,7 +298,3 @@ def check_audio(audio: Any, sample_rate: float, thresholds: Thresholds | None = 
     summary = {"duration_s": r.duration_s, "sample_rate": sample_rate, "peak": f.get("peak"),
                "rms_dbfs": f.get("rms_dbfs"), "std": f.get("std"), "health": r.status}
     return findings, summary
-
-
-def finite_or_none(v: float) -> float | None:
-    return v if math.isfinite(v) else None
