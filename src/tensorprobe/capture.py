@@ -46,8 +46,8 @@ from .bundle import Bundle
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import InputError
-from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, WEIGHT_KINDS, Record,
-                     dtype_name, module_label, record_name)
+from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_REPLAYED, WEIGHT_KINDS,
+                     Record, dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
 from .hooks import (ModuleStack, module_tensors, op_base_name, op_full_name, op_tensors,
                     user_source_line)
@@ -154,7 +154,7 @@ class _OpMode(TorchDispatchMode):
         source = user_source_line()
         tags = ("angle",) if base in ANGLE_OPS else ()
         if is_rng and self.replay is not None:
-            tags += ("replayed",)
+            tags += (TAG_REPLAYED,)
         multi = len(flat_out) > 1
         op = op_full_name(func)
         for i, t in enumerate(flat_out):

@@ -7,7 +7,7 @@
     └── RuntimeUnavailable      an optional runtime (onnxruntime, executorch, tvm, mlx) is not installed;
                                 the message names the extra to install
 
-Exit codes used by the CLI (documented in README):
+Exit codes used by the CLI (documented in the README and docs/json.md):
     0  nothing found / everything passed
     1  a finding (a NaN origin, a divergence, an audio error verdict)
     2  usage error or bad input (any TensorprobeError)

@@ -55,6 +55,8 @@ TAG_QSTEP = "qstep:"
 # name: in a QDQ model the DequantizeLinear after a QuantizeLinear of v is what v's consumers see, so `diff`
 # pairs it with the reference's v.
 TAG_STANDS_FOR = "stands_for:"
+# A random record whose values were fed back from a recording (`tensorprobe.rng`, `--replay-rng`).
+TAG_REPLAYED = "replayed"
 # The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
 OP_UNKNOWN = "tensor"
 

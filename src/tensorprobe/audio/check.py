@@ -54,7 +54,7 @@ CHECK_NAMES = ("length", "sample_rate", "channels", "non_finite", "scale", "sile
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Limits of the audio checks. All are documented in the README table; override any by name.
+    """Limits of the audio checks. All are documented in docs/guide-audio-tts.md; override any by name.
 
     Example:
         >>> Thresholds().with_overrides({"absurd_peak": 100}).absurd_peak

@@ -42,7 +42,7 @@ TOP_DB = 80.0  # the log-mel floor sits this far below the reference's loudest b
 
 @dataclass(frozen=True)
 class DiffThresholds:
-    """Limits of the diff verdict (README, "audio diff").
+    """Limits of the diff verdict (docs/guide-audio-tts.md, "audio diff").
 
     Example:
         >>> DiffThresholds(wave_corr=0.9).wave_corr

@@ -25,7 +25,7 @@ def check_cmd(
     files: List[Path] = typer.Argument(..., help="Audio files (WAV, FLAC, OGG; PCM or float)."),
     threshold: Optional[List[str]] = typer.Option(
         None, "--threshold", "-t", metavar="NAME=VALUE",
-        help="Override a threshold, e.g. -t silence_peak_dbfs=-50 (repeatable; names in the README)."),
+        help="Override a threshold, e.g. -t silence_peak_dbfs=-50 (repeatable; names in docs/guide-audio-tts.md)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Health-check audio files: NaN, silence, clipping, absurd scale, DC offset, noise, length, layout.

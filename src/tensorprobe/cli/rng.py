@@ -54,7 +54,7 @@ def show_cmd(
 ) -> None:
     """List the random ops a capture recorded, in call order (and whether they were replayed)."""
     from ..bundle import Bundle
-    from ..record import KIND_RNG
+    from ..record import KIND_RNG, TAG_REPLAYED
     from ..rng import NoiseEntry
 
     try:
@@ -65,9 +65,9 @@ def show_cmd(
     entries = [NoiseEntry.from_record(r, i) for i, r in enumerate(recs)]
     if json_out:
         emit_json("rng show", "ok", {"bundle": str(bundle), "entries": [
-            {**e.to_dict(), "replayed": "replayed" in r.tags} for e, r in zip(entries, recs)]})
+            {**e.to_dict(), "replayed": TAG_REPLAYED in r.tags} for e, r in zip(entries, recs)]})
         return
-    replayed = sum("replayed" in r.tags for r in recs)
+    replayed = sum(TAG_REPLAYED in r.tags for r in recs)
     _table(entries, f"{len(entries)} random ops in {bundle}" + (f", {replayed} replayed" if replayed else ""))
 
 

@@ -32,7 +32,7 @@ def _finish(report, json_out: bool, command: str, extra: dict | None = None) -> 
 def check_cmd(
     run: Path = typer.Argument(..., help="A recorded run: .npz, .safetensors or bundle dir whose tensor names are "
                                          "stage names (text, phonemes, vocab, ids, durations, mel, latents, audio, "
-                                         "sample_rate; see README)."),
+                                         "sample_rate; see docs/guide-audio-tts.md)."),
     vocab: Optional[Path] = typer.Option(None, "--vocab", help="JSON vocabulary {symbol: id}, or a model config "
                                                                "with a \"vocab\" key (Kokoro's config.json)."),
     embedding_size: Optional[int] = typer.Option(None, "--embedding-size", help="Rows of the model's token embedding."),

@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from .noise_file import NOISE_FORMAT, NOISE_VERSION, NoiseEntry, export_noise, load_noise
-from .replay_tags import TAG_REPLAYED
+from ..record import TAG_REPLAYED
 from .suspects import RngSuspect, unreplayed_rng_before
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..record import KIND_RNG, Record
-from .replay_tags import TAG_REPLAYED
+from ..record import TAG_REPLAYED
 
 @dataclass(frozen=True)
 class RngSuspect:
