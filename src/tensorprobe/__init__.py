@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 from .errors import (  # noqa: E402  (light: no third-party imports)
     BundleError, InputError, RuntimeUnavailable, TargetError, TensorprobeError,

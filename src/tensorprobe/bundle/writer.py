@@ -18,7 +18,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..errors import BundleError
 from ..record import Record, dtype_name
 from .format import (DEFAULT_SHARD_BYTES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE,

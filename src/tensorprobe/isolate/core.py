@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch.utils._pytree import tree_map
 
 from . import passes
+from .passes import ModuleCall
 from .ascend import ascend, unexplained_start
 from .noise import RoundingFloors
 from .report import IsolateReport, LayerError
@@ -21,15 +22,6 @@ from ..diff.result import Criteria
 from ..errors import InputError
 
 CONTAINERS = passes.CONTAINERS
-
-@dataclass(frozen=True)
-class ModuleCall:
-    """What a runner gets for one module call: the reference's inputs and the noise it drew."""
-
-    args: tuple
-    kwargs: dict
-    noise: tuple[torch.Tensor, ...] = ()
-
 
 @runtime_checkable
 class ModuleRunner(Protocol):

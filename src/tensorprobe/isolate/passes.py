@@ -22,6 +22,7 @@ Randomness, two ways:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -37,6 +38,16 @@ from ..hooks import module_hooks, op_base_name
 from ..ops import RNG_OPS
 from ..record import module_label, record_name
 from .noise import RoundingFloors, dtype_str, rounding_units
+from .report import LayerError
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """What a runner gets for one module call: the reference's inputs and the noise it drew."""
+
+    args: tuple
+    kwargs: dict
+    noise: tuple[torch.Tensor, ...] = ()
 
 _EPS32 = 1.1920929e-07
 RNG_STATE = "state"
@@ -273,7 +284,6 @@ class ReferencePass:
                  *, keep: bool, rng: str | None, own: dict[tuple[str, int], OwnCall] | None = None,
                  floors: RoundingFloors | None = None, only: set[tuple[str, int]] | None = None,
                  stop_at_local: bool = False, trace: bool = False):
-        from . import ModuleCall
         self.call_type = ModuleCall
         self.model, self.paths, self.runner, self.criteria = model, paths, runner, criteria
         self.keep, self.rng = keep, rng
@@ -397,7 +407,6 @@ class ReferencePass:
     def _compare(self, module: torch.nn.Module, path: str, call: int, mtype: str, ref_out: Any, cand_out: Any,
                  note: str | None, inputs: tuple, replay: "_Replay", own: OwnCall | None = None,
                  reused: bool = False) -> None:
-        from . import LayerError
         refs = [t for t in tree_flatten(ref_out)[0] if isinstance(t, torch.Tensor)]
         owns = own.outputs if own is not None and own.outputs is not None and len(own.outputs) == len(refs) else None
         cands = [t for t in tree_flatten(cand_out)[0] if isinstance(t, torch.Tensor)] if cand_out is not None else None
