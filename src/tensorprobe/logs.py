@@ -38,6 +38,9 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")   # subprocesses (ExecuTorch, TVM builds) too
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # torch sets its loggers' levels when it is imported (often after this call: commands import it lazily);
+    # its own variable keeps them at ERROR whenever that happens, unless the user set TORCH_LOGS
+    os.environ.setdefault("TORCH_LOGS", "-all")
     for name in THIRD_PARTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 

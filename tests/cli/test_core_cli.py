@@ -146,3 +146,27 @@ def test_a_bundle_cut_short_says_where_it_stops_in_nan_show_and_diff(tmp_path):
     assert code == 1 and doc["report"]["verdict"] == "incomplete"      # everything compared matches: still not a pass
     assert doc["report"]["summary"].startswith(f"The candidate bundle is incomplete: {where}")
     assert run("diff", "good", "good", cwd=tmp_path)[0] == 0
+
+
+def test_third_party_noise_is_silenced_unless_verbose(tmp_path):
+    """Runtimes print loader failures and deprecation notices on import (torchao, torch's _pytree): users
+    read them as breakage. Quiet by default; --verbose shows them."""
+    (tmp_path / "noisy.py").write_text(textwrap.dedent("""
+        import logging, warnings
+        import torch
+
+        warnings.warn("register_constant() on Enum subclasses is deprecated", DeprecationWarning)
+        logging.getLogger("torchao").warning("Failed to load _C_mxfp8.so")
+        logging.getLogger("torch.utils._pytree").warning("<enum 'KernelPreference'> is an Enum subclass")
+
+        def build():
+            return torch.nn.Linear(2, 2), (torch.ones(1, 2),)
+    """))
+    env = {"COLUMNS": "160", "PATH": "/usr/bin:/bin", "HOME": "/tmp"}   # no PYTHONWARNINGS: the CLI decides
+    quiet = subprocess.run([sys.executable, "-m", "tensorprobe", "nan", "noisy.py:build"], capture_output=True,
+                           text=True, cwd=tmp_path, env=env)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    loud = subprocess.run([sys.executable, "-m", "tensorprobe", "nan", "noisy.py:build", "--verbose"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert loud.returncode == 0
+    assert "Failed to load _C_mxfp8.so" in loud.stderr and "Enum subclass" in loud.stderr
