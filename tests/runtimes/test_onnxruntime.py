@@ -107,7 +107,7 @@ def test_shapes_computed_in_the_graph_are_inferred_with_data_propagation():
     exports do) has no shape under plain inference; the estimate falls back to data propagation for it."""
     from onnx import TensorProto, helper
 
-    from tensorprobe.runtimes.onnxruntime import _inferred_shapes, estimate_bytes
+    from tensorprobe.runtimes.onnxruntime.session import _inferred_shapes, estimate_bytes
 
     nodes = [
         helper.make_node("Shape", ["x"], ["shape"]),
@@ -135,7 +135,7 @@ def test_shapes_computed_in_the_graph_are_inferred_with_data_propagation():
 def test_a_wrong_inferred_shape_falls_back_to_outputs_allocated_by_ort(tiny, tmp_path):
     """Outputs are bound into the buffer with the shapes ONNX shape inference gave; if one is wrong, ORT
     refuses the buffer and the run is made again with ORT allocating every output."""
-    from tensorprobe.runtimes.onnxruntime import (_OutputPool, estimate_bytes, graph_feeds, make_session,
+    from tensorprobe.runtimes.onnxruntime.session import (_OutputPool, estimate_bytes, graph_feeds, make_session,
                                                   run_bound, with_outputs)
 
     model, inputs = tiny

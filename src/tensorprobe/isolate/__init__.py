@@ -28,7 +28,7 @@ Runtime adapters plug in through `ModuleRunner`: anything with `has(module_path)
 `run(module_path, call, inputs)` can be the candidate. `TorchRunner` covers PyTorch (another dtype, a
 patched, quantized or rewritten module; `transform=torch.compile` compiles each module it runs). An ONNX
 or ExecuTorch adapter would export each reference module (or cut the candidate's graph at the module's
-boundary tensors, as `runtimes/_onnx_names.py` names them), and in `run` convert `inputs.args` to NumPy,
+boundary tensors, as `runtimes/onnxruntime/names.py` names them), and in `run` convert `inputs.args` to NumPy,
 run that sub-graph and return its outputs as tensors; its accumulated error then comes from a bundle the
 adapter captured (`accumulated=BUNDLE`).
 """

@@ -33,8 +33,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from ..errors import InputError
-from ..record import TAG_QSTEP, TAG_QUANTIZED, TAG_STANDS_FOR, record_name
+from ...errors import InputError
+from ...record import TAG_QSTEP, TAG_QUANTIZED, TAG_STANDS_FOR, record_name
 
 SCOPE_KEY = "tensorprobe.scope"
 MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples

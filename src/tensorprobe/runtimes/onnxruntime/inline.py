@@ -41,7 +41,7 @@ def topologically_sorted(model: Any) -> Any | None:
     input Casts at the end. Shape inference and record naming read nodes in file order."""
     import onnx
 
-    from ._onnx_names import node_inputs
+    from .names import node_inputs
 
     nodes = list(model.graph.node)
     producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
@@ -84,7 +84,7 @@ def seed_random_ops(model: Any) -> tuple[Any, int]:
     left as it is: a port that seeds differently from its reference is a finding."""
     import onnx
 
-    from ._onnx_names import RNG_OPS
+    from .names import RNG_OPS
 
     todo = [i for i, n in enumerate(model.graph.node)
             if n.op_type in RNG_OPS and not any(a.name == "seed" for a in n.attribute)]
@@ -260,7 +260,7 @@ def _unrolled(node: Any, count: int, taken: set[str], graph: Any, opset: int) ->
     import onnx
     from onnx import helper
 
-    from ._onnx_names import SCOPE_KEY, _legacy_components, _scope_from_metadata
+    from .names import SCOPE_KEY, _legacy_components, _scope_from_metadata
 
     body = _attr(node, "body")
     label = (node.name or node.output[0]).strip("/").split("/")[-1]

@@ -1,0 +1,242 @@
+"""`OnnxRuntimeAdapter`: capture every intermediate value of an ONNX model under ONNX Runtime (CPU)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ...errors import TargetError
+from ...record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse_name
+from ..base import RuntimeAdapter, RuntimeTensor, Selection
+from .export import export_onnx
+from .names import GraphNamer, MappingRules, ValuePlan, graph_weights, model_output_names
+from .session import (POOL_BYTES, SharedInitializers, _last_use, _one_line, _OutputPool, default_budget,
+                      estimate_bytes, graph_feeds, make_session, run_bound, segment_model, split_segments)
+
+
+@dataclass
+class OnnxArtifact:
+    """An ONNX model ready to run: the proto, where it came from, and how its names map back."""
+
+    model: Any                       # onnx.ModelProto with its weights loaded
+    path: Path | None = None
+    exporter: str | None = None      # "dynamo" / "legacy" when tensorprobe exported it, None for a user file
+    rules: MappingRules | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    max_bytes: int | None = None     # run options: given at export/load, used by every run of this artifact
+    threads: int | None = None
+
+
+class OnnxRuntimeAdapter(RuntimeAdapter):
+    """Capture every intermediate value of an ONNX model under ONNX Runtime (CPU).
+
+    Options (keyword arguments of `capture` / `capture_artifact`):
+        exporter: "dynamo" (default; `torch.onnx.export(dynamo=True)`, needs onnxscript) or "legacy"
+            (TorchScript exporter; note it turns `atan2` into a 0/0 division that gives NaN).
+        opset: ONNX opset for the export (exporter default if None).
+        rules: a mapping-rule file (`REGEX -> MODULE` per line) or `MappingRules`, for graphs whose node
+            names carry no module path.
+        max_bytes: memory for outputs held at once: the run is cut into segments whose outputs fit
+            min(max_bytes, 256 MiB) (default max_bytes: a third of available memory).
+        threads: ONNX Runtime intra-op threads (default: ORT's choice).
+    """
+
+    name = "onnxruntime"
+    package = "onnxruntime"
+    extra = "onnx"
+    artifact_suffixes = (".onnx",)
+
+    def __init__(self) -> None:
+        self.last_run: dict[str, Any] = {}   # figures of the latest run (outputs, segments, pool): for benchmarks
+
+    # ---- hooks ------------------------------------------------------------------------------------
+    def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, exporter: str = "dynamo",
+                 opset: int | None = None, rules: Any = None, max_bytes: int | None = None,
+                 threads: int | None = None) -> OnnxArtifact:
+        path = workdir / "model.onnx"
+        export_onnx(model, inputs, path, exporter=exporter, opset=opset)
+        return self._load(path, rules=rules, exporter=exporter, max_bytes=max_bytes, threads=threads)
+
+    def _load(self, path: Path, *, rules: Any = None, exporter: str | None = None,
+              max_bytes: int | None = None, threads: int | None = None) -> OnnxArtifact:
+        import onnx
+
+        if not path.is_file():
+            raise TargetError(f"{path}: no such ONNX file")
+        try:
+            model = onnx.load(str(path))
+        except Exception as e:  # protobuf DecodeError and friends
+            raise TargetError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+        if isinstance(rules, (str, os.PathLike)):
+            rules = MappingRules.from_file(str(rules))
+        art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules, max_bytes=max_bytes, threads=threads)
+        art.info = {"onnx_file": str(path), "exporter": exporter or "none (user file)",
+                    "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+                    "producer": f"{model.producer_name} {model.producer_version}".strip(),
+                    "mapping_rules": len(rules.rules) if rules else 0}
+        return art
+
+    def _run(self, artifact: OnnxArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
+        return _OrtRun(artifact, selection, self.last_run).run(inputs)
+
+    def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
+        for name, value, tags in graph_weights(artifact.model.graph):
+            module = name.rsplit(".", 1)[0] if "." in name else ""
+            yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
+                                tags=tags, kind=KIND_PARAM)
+
+    def runtime_info(self, artifact: OnnxArtifact | None = None) -> dict[str, Any]:
+        info = super().runtime_info()
+        info.update(providers=["CPUExecutionProvider"], **(artifact.info if artifact is not None else {}))
+        return info
+
+
+class _OrtRun:
+    """One run of an artifact: its options, the records selected (--include/--exclude: unselected values
+    are never made graph outputs) and the notes it leaves on the artifact's info. No state on the adapter."""
+
+    def __init__(self, artifact: OnnxArtifact, selection: Selection, last_run: dict[str, Any]):
+        self.artifact = artifact
+        self.selection = selection
+        self.last_run = last_run
+
+    def run(self, inputs: Any) -> Iterator[RuntimeTensor]:
+        artifact = self.artifact
+        feeds = graph_feeds(artifact.model, inputs)
+        model = self._exposable(artifact.model, feeds)
+        sizes, shapes, types = estimate_bytes(model, feeds)
+        records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
+        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes, types).plan() if self.selection.wants(*p.names, p.value)]
+        budget = artifact.max_bytes or default_budget()
+        total = sum(sizes.get(p.value, 0) for p in plans)
+        self.last_run.clear()
+        self.last_run.update(outputs=len(plans), estimated_bytes=total, budget_bytes=budget)
+        emitted: set[str] = set()
+        try:
+            for rt in self._run_full(model, feeds, plans, sizes, shapes, types, budget):
+                emitted.add(rt.name or rt.runtime_name)
+                yield rt
+        except Exception as e:   # ORT refuses the rewritten graph where it ran the user's: keep what we have
+            reason = _one_line(e)
+            missing = sum(1 for p in plans if not set(p.names) & emitted)
+            self._note(f"{missing} of {len(plans)} values could not be exposed ({reason}); the model outputs "
+                       f"come from the graph as given")
+            yield from self._outputs_only(artifact.model, feeds, plans, emitted)
+
+    def _exposable(self, model: Any, feeds: dict[str, np.ndarray]) -> Any:
+        """The graph made ready for a capture (`inline.py`): nodes in topological order where the file
+        has them out of it, function bodies and the If branches these inputs take inlined (the graph as
+        given when ONNX Runtime refuses the inlined one), and unseeded random ops seeded."""
+        from .inline import inline_for_capture, seed_random_ops, topologically_sorted
+
+        ordered = topologically_sorted(model)
+        if ordered is not None:
+            self._note("nodes put in topological order (the file lists some before the values they read)")
+            model = ordered
+        if len(model.functions) or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
+            try:
+                inlined, notes = inline_for_capture(model, feeds, self._values)
+                make_session(inlined, self.artifact.threads)
+            except Exception as e:
+                self._note(f"If, Loop and Scan nodes and functions left as single ops ({_one_line(e)})")
+            else:
+                self._notes(notes)
+                model = inlined
+        model, seeded = seed_random_ops(model)
+        if seeded:
+            self._note(f"{seeded} random op(s) without a seed were given seeds 0..{seeded - 1} in graph order, "
+                       f"so that captures of this graph and of its conversions draw the same numbers")
+        return model
+
+    def _values(self, model: Any, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        sess = make_session(model, self.artifact.threads)
+        return dict(zip(names, sess.run(names, feeds)))
+
+    def _outputs_only(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
+                      emitted: set[str]) -> Iterator[RuntimeTensor]:
+        outputs = [o.name for o in model.graph.output]
+        try:
+            values = self._values(model, feeds, outputs)
+        except Exception as e:
+            raise TargetError(f"ONNX Runtime failed on this graph: {_one_line(e)}") from None
+        by_value = {p.value: p for p in plans}
+        records = model_output_names(outputs)
+        for name in outputs:
+            record = records[name]
+            if record in emitted:
+                continue
+            p = by_value.get(name)
+            yield RuntimeTensor(runtime_name=name, module="", op="output", name=record,
+                                inputs=(p.names[0],) if p is not None and set(p.names) & emitted else (),
+                                kind=KIND_MODEL_OUTPUT, value=values[name])
+
+    def _notes(self, texts: list[str]) -> None:
+        for text in texts:
+            self._note(text)
+
+    def _note(self, text: str) -> None:
+        self.artifact.info.setdefault("notes", []).append(text)
+
+    def _run_full(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
+                  shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
+        """Run the graph as consecutive segments whose outputs fit one reusable buffer, each output bound
+        into that buffer (IOBinding), and yield every planned value, borrowed from the buffer.
+
+        Marking all ~1,000 values of a 10 s Kokoro decoder as outputs of one run makes ORT allocate 7.5 GiB
+        at once; on this project's VMs the page faults of that fresh memory took 5x the run itself. Segments
+        over one pre-faulted 256 MiB buffer keep memory flat and leave ORT's own run time (~1.0x) as the cost.
+        """
+        pool = _OutputPool(min(budget, POOL_BYTES))
+        segments = split_segments(model, plans, sizes, pool.nbytes)
+        self.last_run["session_runs"] = len(segments)
+        live: dict[str, np.ndarray] = dict(feeds)
+        needed_later = _last_use(model, segments)
+        weights = SharedInitializers(model)
+        for k, (lo, hi) in enumerate(segments):
+            seg_plans = [p for p in plans if lo <= p.node_index < hi]
+            sub, seg_in, seg_out = segment_model(model, lo, hi, live, {p.value for p in seg_plans}, needed_later, k,
+                                                 weights.protos)
+            sess = make_session(sub, self.artifact.threads, weights.values_for(sub))
+            outs = run_bound(sess, {v: live[v] for v in seg_in}, seg_out, shapes, types, pool)
+            del sess, sub
+            for v in list(live):
+                if needed_later.get(v, -1) <= k and v not in feeds:
+                    del live[v]
+            # values later segments read are copied out: the buffer is overwritten by the next segment
+            live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
+            self.last_run["pool_bytes"] = pool.allocated
+            yield from _emit(seg_plans, outs, drop=True)
+
+
+def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> Iterator[RuntimeTensor]:
+    last = {p.value: i for i, p in enumerate(plans)}
+    for i, p in enumerate(plans):
+        arr = outs.get(p.value)
+        if arr is None or getattr(arr, "dtype", None) is None or arr.dtype == object:
+            continue
+        yield from _tensors_for(p, arr)
+        if drop and last[p.value] == i:
+            del outs[p.value]   # drop our reference as soon as the record is written
+        del arr
+
+
+def _tensors_for(p: ValuePlan, value: np.ndarray) -> Iterator[RuntimeTensor]:
+    """One RuntimeTensor per record name of a value (one value can be several modules' output, and a graph
+    output is also a model output), borrowing `value` from the output buffer."""
+    for name in p.names:
+        module, call = parse_name(name)
+        yield RuntimeTensor(runtime_name=p.value, module=p.module if "/" in name else module, op=p.op, name=name,
+                            inputs=p.inputs, tags=p.tags, call=call,
+                            kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, value=value, borrowed=True)
+    if p.model_output is not None:
+        yield RuntimeTensor(runtime_name=p.value, module="", op="output", name=p.model_output,
+                            inputs=(p.names[0],) if p.names else p.inputs, kind=KIND_MODEL_OUTPUT,
+                            value=value, borrowed=True)
+
+
+# ---- export ----------------------------------------------------------------------------------------
