@@ -353,3 +353,18 @@ def test_compare_cli_passes_runtime_options_and_rejects_unknown_ones_before_runn
         "error: runtime 'onnxruntime' does not take option(s) random; it takes exporter, opset, rules, "
         "max_bytes, threads"]
     assert not (tmp_path / "cmp").exists()
+
+
+def test_nan_diagnosis_rules_read_onnx_records(tmp_path):
+    """Rules are written for canonical op names: an ONNX Sqrt / Log gets the same diagnosis as aten's."""
+    from tensorprobe.nan import find_nonfinite_in_bundle
+
+    class LogOfNorm(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(x - x.mean(dim=-1, keepdim=True))     # half the values negative: NaN
+
+    x = torch.linspace(-1, 1, 64).reshape(1, 2, 32)
+    b = get_runtime("onnxruntime").capture(LogOfNorm(), (x,), out=tmp_path / "b", keep="full")
+    origin = find_nonfinite_in_bundle(b)
+    assert origin.found and origin.op == "Log"                   # the ONNX node, as ONNX names it
+    assert any(d.startswith("log of 32 negative values") for d in origin.diagnosis), origin.diagnosis
