@@ -48,7 +48,7 @@ NAN_FREE_OPS = frozenset({
 # ONNX operator types whose aten name is not their snake_case spelling.
 _ONNX_TO_ATEN = {
     "InstanceNormalization": "instance_norm", "LayerNormalization": "layer_norm", "BatchNormalization": "batch_norm",
-    "GroupNormalization": "group_norm", "Gemm": "addmm", "Conv": "convolution", "ConvTranspose": "convolution",
+    "GroupNormalization": "group_norm", "Gemm": "addmm", "MatMul": "matmul", "CumSum": "cumsum", "Conv": "convolution", "ConvTranspose": "convolution",
     "ReduceMean": "mean", "ReduceSum": "sum", "ReduceL2": "norm", "Concat": "cat", "Identity": "clone",
     "Transpose": "permute", "Tile": "repeat", "Pad": "constant_pad_nd", "Clip": "clamp", "Sum": "add",
     "LeakyRelu": "leaky_relu", "LogSoftmax": "_log_softmax", "Softmax": "softmax", "RandomNormal": "randn",
@@ -65,7 +65,7 @@ def canonical_op(op: str) -> str:
     """
     if op.startswith("module:"):
         return op.removeprefix("module:")
-    for prefix in ("aten.", "aten::", "aten_"):
+    for prefix in ("aten.", "aten::", "aten_", "prims.", "quantized."):
         if op.startswith(prefix):
             return op[len(prefix):].split(".")[0].removesuffix("_out")
     if op in _ONNX_TO_ATEN:

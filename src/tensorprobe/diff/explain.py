@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from ..ops import canonical_op
 from ..record import Record
 from .compat import rms
 
@@ -66,10 +67,8 @@ def family(op: str) -> str:
     """Op family of an aten op (`aten.sin.default`), an ONNX/runtime op type (`Sin`) or a module
     (`module:InstanceNorm1d`, also subclasses named after their base: `ParametrizedConv1d`,
     `NonDynamicallyQuantizableLinear`); 'other' when unknown."""
-    base = op.removeprefix("module:")
-    if base.startswith(("aten.", "prims.", "quantized.")):
-        base = base.split(".")[1]
-    fam = _BY_NAME.get(base, _BY_NAME.get(base.rstrip("_")))
+    raw, base = op.removeprefix("module:"), canonical_op(op)
+    fam = _BY_NAME.get(raw) or _BY_NAME.get(base) or _BY_NAME.get(base.rstrip("_"))
     if fam is None and op.startswith("module:"):
         fam = next((_BY_NAME[s] for s in _MODULE_SUFFIXES if base.endswith(s)), None)
     return fam or "other"
@@ -225,8 +224,7 @@ def explain(rec: Record, inputs: Sequence[Record], gain: float | None, in_err: f
 
 
 def _op(rec: Record) -> str:
-    op = rec.op.removeprefix("module:")
-    return op.split(".")[1] if op.startswith("aten.") else op
+    return canonical_op(rec.op)
 
 
 def _g(v: object) -> str:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..environment import CONV, MATMUL, UNIT_ROUNDOFF, arithmetic, same_arithmetic
+from ..ops import canonical_op
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, TAG_DERIVED, TAG_QSTEP, WEIGHT_KINDS,
                       Record)
 from .compat import rms
@@ -216,9 +217,7 @@ _PRODUCTS = frozenset({"mul", "div", "Mul", "Div", "prod", "true_divide", "addcm
 
 def _adds(r: Record) -> bool:
     """Do the inputs' errors add up (arithmetic), or does the output take one input's (copies, cat)?"""
-    op = r.op.removeprefix("module:")
-    base = op.split(".")[1] if op.startswith("aten.") else op
-    return family(r.op) in ("sum", "norm", "linear", "div") or base in _PRODUCTS
+    return family(r.op) in ("sum", "norm", "linear", "div") or canonical_op(r.op) in _PRODUCTS
 
 
 def sensitivity(r: Record, inputs: list[Record], output_index: int = 0) -> list[float]:
