@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "IsolateReport": (".isolate", "IsolateReport"), "isolate": (".isolate", None),
     "CompareResult": (".compare", "CompareResult"), "compare": (".compare", None),
     "rng": (".rng", None),
+    "preflight": (".preflight", "preflight"), "PreflightReport": (".preflight", "PreflightReport"),
 }
 
 
@@ -61,5 +62,6 @@ __all__ = [
     "__version__", "Bundle", "BundleWriter", "BundleError", "Capture", "InputError", "NanOrigin",
     "Record", "RuntimeUnavailable", "TargetError", "TensorStats", "TensorprobeError", "capture",
     "compute_stats", "find_first_nonfinite", "find_nonfinite_in_bundle", "open_bundle",
-    "DiffReport", "diff", "IsolateReport", "isolate", "CompareResult", "compare", "rng",
+    "DiffReport", "diff", "IsolateReport", "isolate", "CompareResult", "compare", "rng", "preflight",
+    "PreflightReport",
 ]

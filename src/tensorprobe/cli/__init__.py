@@ -17,6 +17,7 @@ from . import diff  # noqa: F401,E402
 from . import compare  # noqa: F401,E402
 from . import isolate  # noqa: F401,E402
 from . import rng  # noqa: F401,E402
+from . import preflight  # noqa: F401,E402
 
 
 def main() -> None:

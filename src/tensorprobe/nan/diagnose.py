@@ -261,7 +261,8 @@ def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: 
     var = xd.var(axis=axes)
     mean2 = xd.mean(axis=axes) ** 2
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(var > 0, mean2 / np.maximum(var, np.finfo(np.float64).tiny), np.inf)
+        ratio = np.where(var > 0, mean2 / np.maximum(var, np.finfo(np.float64).tiny),
+                         np.where(mean2 > 0, np.inf, 0.0))   # a constant 0 channel cancels exactly: no risk
     risky = [int(c) for c in np.flatnonzero(ratio > ONE_PASS_VARIANCE_LIMIT)]
     if not risky:
         return []

@@ -1,0 +1,56 @@
+"""Preflight: predict where a model will break on a port target before porting it.
+
+Two lints, each finding with its module path, source line, evidence and fix:
+
+- `code`     export the model the way the target does (`torch.export` + Core ATen decomposition, or
+             `torch.onnx.export`) and list what it trips on: ops outside Core ATen, random ops, complex
+             tensors and FFTs, weight norms computed at run time, what the exporter rejects;
+- `numbers`  run it once on the user's inputs and find the values the target's arithmetic breaks:
+             instance-norm channels a one-pass variance cancels on, exp inputs near overflow, values
+             beyond float16.
+
+    >>> import tensorprobe as tp
+    >>> report = tp.preflight(model, *inputs, target="executorch")          # doctest: +SKIP
+    >>> print(report.summary())                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from .code import lint_code
+from .findings import ERROR, INFO, TARGETS, WARNING, Finding, PreflightReport, Target, get_target, sorted_findings
+from .numbers import lint_numbers
+
+
+def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", code: bool = True,
+              numbers: bool = True) -> PreflightReport:
+    """Predict what breaks when `model` is ported to `target` (one of `TARGETS`).
+
+    Args:
+        model, inputs: the PyTorch model and representative inputs (the numbers lint runs on them).
+        target: executorch, tvm, onnx, coreml, mlx or fp16.
+        code, numbers: run the code lint (an export) and the numbers lint (one forward).
+
+    Returns:
+        A `PreflightReport`; `report.finding` is True when something is predicted to break.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"preflight needs a torch.nn.Module, got {type(model).__name__}")
+    t = get_target(target)
+    model = model.eval()
+    findings: list[Finding] = []
+    exported = None
+    if code:
+        found, exported = lint_code(model, inputs, t)
+        findings += found
+    if numbers:
+        findings += lint_numbers(model, inputs, t)
+    notes = (t.note,) if t.note else ()
+    return PreflightReport(target=t, findings=sorted_findings(findings), exported=exported, notes=notes)
+
+
+__all__ = ["ERROR", "INFO", "TARGETS", "WARNING", "Finding", "PreflightReport", "Target", "preflight"]

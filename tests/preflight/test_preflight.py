@@ -1,0 +1,90 @@
+"""Preflight predictions, checked against what the real targets then do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tensorprobe.errors import InputError
+from tensorprobe.preflight import preflight
+
+from ..runtimes._export_models import NormConv, mean100_input, nan_channels
+
+
+def _one(report, kind):
+    found = [f for f in report.findings if f.kind == kind]
+    assert len(found) == 1, [f.message for f in report.findings]
+    return found[0]
+
+
+def test_numbers_predict_the_norm_channels_a_one_pass_variance_breaks():
+    pred = _one(preflight(NormConv(), mean100_input(), target="tvm", code=False), "one_pass_variance")
+    assert pred.severity == "error" and pred.module == "norm"
+    # mean 100, std 1e-3…1 log-spaced: mean²/variance > 1e6 for the 11 channels with std < 0.1
+    assert pred.evidence["channels"] == list(range(11))
+    safe = _one(preflight(NormConv(), mean100_input(), target="onnx", code=False), "one_pass_variance")
+    assert safe.severity == "info"          # ONNX Runtime computes it in two passes
+
+
+@pytest.mark.parametrize("runtime,package", [("tvm", "tvm"), ("executorch", "executorch")])
+def test_the_real_runtime_breaks_only_predicted_channels(runtime, package, tmp_path):
+    pytest.importorskip(package)
+    from tensorprobe.runtimes import get_runtime
+
+    pred = _one(preflight(NormConv(), mean100_input(), target=runtime, code=False), "one_pass_variance")
+    b = get_runtime(runtime).capture(NormConv().eval(), (mean100_input(),), out=tmp_path / runtime)
+    broken = nan_channels(b.numpy("norm"))
+    assert broken and set(broken) <= set(pred.evidence["channels"])     # confirmed, and nothing unpredicted
+
+
+def test_exp_overflow_predicted_for_float16_and_seen_in_a_real_half_run():
+    class Spec(torch.nn.Module):
+        def forward(self, x):
+            return torch.exp(x)
+
+    x = torch.linspace(0, 12, 64).reshape(1, 64)              # exp(12) > 65504: float16 overflows
+    pred = _one(preflight(Spec(), x, target="fp16", code=False), "overflow")
+    assert pred.severity == "error" and pred.evidence["max_input"] == pytest.approx(12.0)
+    assert not torch.isfinite(Spec().half()(x.half())).all()      # float16 does overflow
+    assert not [f for f in preflight(Spec(), x, target="executorch", code=False).findings if f.kind == "overflow"]
+
+
+def test_code_lint_of_the_kokoro_decoder_names_complex_stft_random_ops_and_weight_norm():
+    kokoro = pytest.importorskip("tensorprobe.examples.kokoro")
+    pytest.importorskip("kokoro")
+    r = preflight(kokoro.build_decoder(stable_source=False), *kokoro.decoder_inputs(0.25), target="executorch",
+                  numbers=False)
+    assert r.exported
+    complex_ = [f for f in r.findings if f.kind == "complex"]
+    assert complex_ and all(f.severity == "error" for f in complex_)
+    assert any(f.module == "generator" and f.source and "kokoro/istftnet.py" in f.source for f in complex_)
+    rng = {f.op for f in r.findings if f.kind == "random_op"}
+    assert {"aten.rand.default", "aten.randn_like.default"} <= rng
+    assert all(f.module.startswith("generator.m_source") for f in r.findings if f.kind == "random_op")
+    assert _one(r, "weight_norm").count == 70
+    # the port's own decoder (conv STFT, weight norm folded) has neither
+    port = preflight(kokoro.exportable_decoder(), *kokoro.decoder_inputs(0.25), target="executorch", numbers=False)
+    assert not [f for f in port.findings if f.kind in ("complex", "weight_norm")]
+
+
+def test_unknown_target_and_cli_exit_codes(tmp_path):
+    with pytest.raises(InputError, match="unknown preflight target 'npu'"):
+        preflight(NormConv(), mean100_input(), target="npu")
+    (tmp_path / "m.py").write_text(
+        "from tests.runtimes._export_models import NormConv, mean100_input\n"
+        "def build():\n    return NormConv(), (mean100_input(),)\n")
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "preflight", f"{tmp_path / 'm.py'}:build", "--target", "tvm",
+                        "--no-code", "--json"], capture_output=True, text=True, cwd=root)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 1 and doc["status"] == "finding"
+    assert doc["preflight"]["findings"][0]["evidence"]["channels"] == list(range(11))
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "preflight", f"{tmp_path / 'm.py'}:build", "--target", "npu"],
+                       capture_output=True, text=True, cwd=root)
+    assert p.returncode == 2 and "unknown preflight target 'npu'" in p.stderr and "Traceback" not in p.stderr
