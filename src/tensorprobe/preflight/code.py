@@ -40,7 +40,7 @@ def lint_code(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[li
     """Findings from exporting `model` for `target`, and whether the export went through."""
     findings = _weight_norms(model)
     if target.exporter == "torch.export":
-        found, ok = _torch_export(model, inputs)
+        found, ok = _torch_export(model, inputs, target)
         normed = _weight_normed(model)   # their norm ops are the weight-norm finding, said once
         found = [f for f in found if not (f.kind == "non_core_op" and f.module in normed)]
     elif target.exporter == "torch.onnx":
@@ -50,7 +50,7 @@ def lint_code(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[li
     return findings + found, ok
 
 
-def _torch_export(model: torch.nn.Module, inputs: tuple) -> tuple[list[Finding], bool]:
+def _torch_export(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[list[Finding], bool]:
     try:
         with torch.no_grad():
             ep = torch.export.export(model, tuple(inputs), strict=False)
@@ -63,7 +63,7 @@ def _torch_export(model: torch.nn.Module, inputs: tuple) -> tuple[list[Finding],
     for node in ep.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        finding = _node_finding(node)
+        finding = _node_finding(node, target)
         if finding is None:
             continue
         key = (finding.kind, finding.op, finding.module, finding.source)
@@ -73,7 +73,7 @@ def _torch_export(model: torch.nn.Module, inputs: tuple) -> tuple[list[Finding],
     return _merge_complex(out), True
 
 
-def _node_finding(node: Any) -> Finding | None:
+def _node_finding(node: Any, target: Target) -> Finding | None:
     op = node.target
     base = op._schema.name.split("::")[-1]
     if base in _IGNORED:
@@ -82,9 +82,10 @@ def _node_finding(node: Any) -> Finding | None:
     module, mtype = _module_of(node)
     where = dict(module=module, source=_source_of(node), op=str(op))
     if base in RNG_OPS:
-        return Finding("random_op", ERROR, f"random op {base} inside the graph ({mtype or 'root'}): another "
-                       "runtime draws other numbers, so its outputs cannot be compared", fix=FIXES["random_op"],
-                       **where)
+        rejected = "" if target.random_ops else f"{target.name}'s importer rejects it, and "
+        return Finding("random_op", WARNING if target.random_ops else ERROR,
+                       f"random op {base} inside the graph ({mtype or 'root'}): {rejected}another runtime draws "
+                       "other numbers, so outputs cannot be compared", fix=FIXES["random_op"], **where)
     if "fft" in base or "stft" in base or (getattr(val, "dtype", None) is not None and val.dtype.is_complex):
         return Finding("complex", ERROR, f"complex tensors / FFT ({base}): ExecuTorch, TVM and Core ML have no "
                        "complex dtype", fix=FIXES["complex"], **where)

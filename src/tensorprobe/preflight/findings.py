@@ -19,6 +19,7 @@ class Target:
     one_pass_variance: True when its normalisation kernels compute the variance as E[x²] − E[x]² (measured:
         TVM 0.27, ExecuTorch 1.5.1 portable kernels), False when they do not (ONNX Runtime), None if unknown.
     dtype: the float format its arithmetic runs in.
+    random_ops: whether its importer takes random ops at all.
     """
 
     name: str
@@ -26,11 +27,12 @@ class Target:
     one_pass_variance: bool | None
     dtype: str = "float32"
     note: str = ""
+    random_ops: bool = True      # its importer takes random ops (TVM 0.27's Relax importer does not)
 
 
 TARGETS: dict[str, Target] = {
     "executorch": Target("executorch", "torch.export", True, note="ExecuTorch 1.5.1 portable kernels"),
-    "tvm": Target("tvm", "torch.export", True, note="TVM 0.27 Relax, llvm"),
+    "tvm": Target("tvm", "torch.export", True, note="TVM 0.27 Relax, llvm", random_ops=False),
     "onnx": Target("onnx", "torch.onnx", False, note="ONNX Runtime 1.32, CPU"),
     "coreml": Target("coreml", "torch.export", None, "float16", note="Core ML computes in float16 on GPU/ANE"),
     "mlx": Target("mlx", None, None, note="a hand-written MLX port: only the numbers are checked"),

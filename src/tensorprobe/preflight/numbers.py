@@ -1,8 +1,10 @@
 """Lint from the numbers: run the model once on the user's inputs and find the values the target's
 arithmetic turns into failures, each with its evidence and margin.
 
-- normalisations whose input channels have mean² ≫ variance: a one-pass variance E[x²] − E[x]² in float32
-  cancels there to rounding noise of either sign, and rsqrt of a negative variance is NaN (seed 000, 001);
+- instance norms whose input channels have mean² ≫ variance: a one-pass variance E[x²] − E[x]² in float32
+  cancels there to rounding noise of either sign, and rsqrt(variance + eps) of a negative one is NaN (seeds
+  000, 001). A channel is at risk when that noise can exceed variance + eps: mean² · n · u > var + eps, with
+  n the values summed per channel (float32 sums of n terms carry up to n·u relative error) and u = 2⁻²⁴;
 - `exp`-family inputs within a margin of overflow in the target's float format (float16: 11.09);
 - linear, convolution and reduction outputs beyond the float16 range, on float16 targets.
 """
@@ -18,11 +20,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..hooks import ModuleStack, module_hooks, op_base_name, op_tensors, user_source_line
 from ..numbers import fmt_number
-from ..nan.diagnose import FLOAT_MAX, ONE_PASS_BACKENDS, ONE_PASS_VARIANCE_LIMIT
+from ..nan.diagnose import FLOAT_MAX, ONE_PASS_BACKENDS
 from .findings import ERROR, INFO, WARNING, Finding, Target
 
 _EXP_OPS = {"exp", "exp2", "expm1", "sinh", "cosh", "softplus"}
 _RANGE_OPS = {"convolution", "addmm", "mm", "bmm", "matmul", "linear", "sum", "cumsum"}
+UNIT_ROUNDOFF_F32 = 2.0 ** -24
 EXP_MARGIN = 2.0    # an exp input within this of the overflow limit is a warning (e^2: 7x headroom)
 
 
@@ -42,7 +45,7 @@ def lint_numbers(model: torch.nn.Module, inputs: tuple, target: Target) -> list[
         def hook(module, args, output):
             stack.exit(path)
             if path in norm_types and args and isinstance(args[0], torch.Tensor):
-                _norm_input(path, args[0], norms)
+                _norm_input(path, args[0], float(getattr(module, "eps", 1e-5)), norms)
         return hook
 
     watch.stack = stack
@@ -51,30 +54,28 @@ def lint_numbers(model: torch.nn.Module, inputs: tuple, target: Target) -> list[
     return _norm_findings(norms, target) + watch.findings(target)
 
 
-def _norm_input(path: str, x: torch.Tensor, out: dict[str, dict[str, Any]]) -> None:
-    """Per channel of an instance norm's input: mean² / variance over its normalised axes (float64)."""
+def _norm_input(path: str, x: torch.Tensor, eps: float, out: dict[str, dict[str, Any]]) -> None:
+    """Per channel of an instance norm's input: the worst-case rounding noise of a float32 one-pass
+    variance over its normalised axes, relative to variance + eps (float64; > 1: it can come out negative)."""
     if x.dim() < 3 or not x.is_floating_point():
         return
     xd = x.detach().to(torch.float64)
     axes = tuple(range(2, x.dim()))
+    n = math.prod(x.shape[2:])
     var = xd.var(dim=axes, unbiased=False)
-    mean2 = xd.mean(dim=axes) ** 2
-    # an exactly constant channel: E[x²] − E[x]² of c is rounding of c² (risky) unless c = 0 (exact)
-    ratio = torch.where(var > 0, mean2 / var.clamp_min(1e-300),
-                        torch.where(mean2 > 0, torch.full_like(var, math.inf), torch.zeros_like(var)))
-    worst = ratio.amax(dim=0).cpu().numpy()            # over the batch
+    noise = xd.mean(dim=axes) ** 2 * n * UNIT_ROUNDOFF_F32
+    score = (noise / (var + eps)).amax(dim=0).cpu().numpy()             # the worst over the batch
     prev = out.get(path)
-    out[path] = {"ratio": worst if prev is None else np.maximum(prev["ratio"], worst), "calls": (prev or {}).get("calls", 0) + 1}
+    out[path] = {"score": score if prev is None else np.maximum(prev["score"], score), "n": n, "eps": eps}
 
 
 def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> list[Finding]:
     out = []
     for path, info in norms.items():
-        ratio = info["ratio"]
-        risky = [int(c) for c in np.flatnonzero(ratio > ONE_PASS_VARIANCE_LIMIT)]
+        score = info["score"]
+        risky = [int(c) for c in np.argsort(-score) if score[c] > 1.0]
         if not risky:
             continue
-        worst = float(np.max(ratio))
         severity = ERROR if target.one_pass_variance else (INFO if target.one_pass_variance is False else WARNING)
         how = {True: f"{target.name} computes the variance that way ({target.note}): these channels can come out NaN",
                False: f"{target.name} computes it in two passes: safe there, but not on TVM or ExecuTorch",
@@ -82,13 +83,14 @@ def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> list[Fin
         shown = ", ".join(map(str, risky[:12])) + ("…" if len(risky) > 12 else "")
         out.append(Finding(
             "one_pass_variance", severity,
-            f"{len(risky)} of {ratio.size} channels of its input are nearly constant (mean²/variance up to "
-            f"{fmt_number(worst, 2)}; channels {shown}): a one-pass variance E[x²] − E[x]² "
-            f"cancels to rounding noise there; {how}", module=path,
-            evidence={"channels": risky, "max_ratio": worst, "limit": ONE_PASS_VARIANCE_LIMIT,
-                      "one_pass_backends": ONE_PASS_BACKENDS},
-            fix="compute the variance as E[(x − mean)²] (two passes, or Welford): tensorprobe.rewrite's stable "
-                "instance norm, or subtract the channel mean before this layer"))
+            f"{len(risky)} of {score.size} channels of its input are nearly constant: a one-pass variance "
+            f"E[x²] − E[x]² over {info['n']:,} float32 values can carry rounding up to "
+            f"{fmt_number(float(score.max()), 2)}x their variance + eps (most at risk first: {shown}); {how}",
+            module=path, evidence={"channels": sorted(risky), "worst_first": risky, "max_score": float(score.max()),
+                                   "values_per_channel": info["n"], "eps": info["eps"],
+                                   "one_pass_backends": ONE_PASS_BACKENDS},
+            fix="compute the variance as E[(x − mean)²] (two passes, or Welford), or subtract the channel mean "
+                "before this layer"))
     return out
 
 
