@@ -19,6 +19,8 @@ def preflight_cmd(
                                     help="executorch, tvm, onnx, coreml, mlx or fp16."),
     code: bool = typer.Option(True, "--code/--no-code", help="Export the model the target's way and lint it."),
     numbers: bool = typer.Option(True, "--numbers/--no-numbers", help="Run it once and lint its values."),
+    verify: bool = typer.Option(False, "--verify", help="Run the target where it is installed (ONNX Runtime, "
+                                "ExecuTorch, TVM; float16 in PyTorch) and mark each prediction confirmed or not."),
     json_out: bool = JsonOption,
 ) -> None:
     """Predict where TARGET's model breaks on a port target, from its code (an export) and its own numbers
@@ -30,7 +32,7 @@ def preflight_cmd(
     try:
         tgt = load_target(target)
         with progress(f"preflight of {target} for {port_target}", enabled=not json_out):
-            report = preflight(tgt.model, *tgt.args, target=port_target, code=code, numbers=numbers)
+            report = preflight(tgt.model, *tgt.args, target=port_target, code=code, numbers=numbers, verify=verify)
     except TensorprobeError as e:
         fail(str(e))
     if json_out:

@@ -27,13 +27,15 @@ from .numbers import lint_numbers
 
 
 def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", code: bool = True,
-              numbers: bool = True) -> PreflightReport:
+              numbers: bool = True, verify: bool = False) -> PreflightReport:
     """Predict what breaks when `model` is ported to `target` (one of `TARGETS`).
 
     Args:
         model, inputs: the PyTorch model and representative inputs (the numbers lint runs on them).
         target: executorch, tvm, onnx, coreml, mlx or fp16.
         code, numbers: run the code lint (an export) and the numbers lint (one forward).
+        verify: run the target where it is installed and mark each numerical prediction confirmed or not
+            (`Finding.confirmed`, `Finding.observed`).
 
     Returns:
         A `PreflightReport`; `report.finding` is True when something is predicted to break.
@@ -49,8 +51,13 @@ def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", 
         findings += found
     if numbers:
         findings += lint_numbers(model, inputs, t)
-    notes = (t.note,) if t.note else ()
-    return PreflightReport(target=t, findings=sorted_findings(findings), exported=exported, notes=notes)
+    notes = [t.note] if t.note else []
+    if verify:
+        from .verify import verify as run_target
+
+        findings, note = run_target(model, inputs, t, findings)
+        notes.append(note)
+    return PreflightReport(target=t, findings=sorted_findings(findings), exported=exported, notes=tuple(notes))
 
 
 __all__ = ["ERROR", "INFO", "TARGETS", "WARNING", "Finding", "PreflightReport", "Target", "preflight"]

@@ -60,13 +60,16 @@ class Finding:
     count: int = 1                # occurrences folded into this finding (same kind, op, module, source)
     evidence: dict[str, Any] = field(default_factory=dict)
     fix: str | None = None
+    confirmed: bool | None = None  # --verify: the real target did (True) or did not (False) fail this way
+    observed: str | None = None    # --verify: what the real target did there
 
     def to_dict(self) -> dict[str, Any]:
         from ..numbers import json_number
 
         return {"kind": self.kind, "severity": self.severity, "message": self.message, "module": self.module,
                 "source": self.source, "op": self.op, "count": self.count,
-                "evidence": {k: json_number(v) for k, v in self.evidence.items()}, "fix": self.fix}
+                "evidence": {k: json_number(v) for k, v in self.evidence.items()}, "fix": self.fix,
+                "confirmed": self.confirmed, "observed": self.observed}
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,12 @@ def render_preflight(console: Console, report: PreflightReport) -> None:
         if f.source:
             where += f"\n{f.source}"
         count = f" (×{f.count})" if f.count > 1 else ""
+        checked = ""
+        if f.observed:
+            mark = {True: "[green]confirmed[/]", False: "[yellow]not confirmed[/]"}.get(f.confirmed, "[dim]unchecked[/]")
+            checked = f"\n{mark}: {escape(f.observed)}"
         table.add_row(f"[{_STYLE.get(f.severity, 'dim')}]{f.severity}[/]", f.kind, escape(where),
-                      escape(f.message + count), escape(f.fix or ""))
+                      escape(f.message + count) + checked, escape(f.fix or ""))
     console.print(table)
     for note in report.notes:
         console.print(f"[dim]target: {escape(note)}[/]")
