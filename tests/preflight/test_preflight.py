@@ -96,3 +96,21 @@ def test_unknown_target_and_cli_exit_codes(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tensorprobe", "preflight", f"{tmp_path / 'm.py'}:build", "--target", "npu"],
                        capture_output=True, text=True, cwd=root)
     assert p.returncode == 2 and "unknown preflight target 'npu'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_verify_does_not_judge_a_norm_whose_nan_comes_from_upstream():
+    pytest.importorskip("tvm")
+
+    class TwoNorms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = NormConv().norm, torch.nn.InstanceNorm1d(16)
+
+        def forward(self, x):
+            return self.second(100 + 1e-3 * self.first(x))     # both inputs: mean 100, tiny spread
+
+    r = preflight(TwoNorms(), mean100_input(), target="tvm", code=False, verify=True)
+    by_module = {f.module: f for f in r.findings if f.kind == "one_pass_variance"}
+    assert by_module["first"].confirmed is True
+    second = by_module["second"]
+    assert second.confirmed is None and second.observed == "tvm: NaN reaches second from upstream (first): not judged"

@@ -63,6 +63,14 @@ def _check_norm(f: Finding, bundle: Any, runtime: str) -> Finding:
     st = rec.stats
     if st.all_finite:
         return replace(f, confirmed=False, observed=f"{runtime}: {f.module} is finite")
+    # the norm's inputs (module outputs run inside it or before it) already hold NaN: it came from upstream
+    inside = [r.order for r in bundle if r.module == f.module or r.module.startswith(f"{f.module}.")]
+    start = min(inside, default=rec.order)
+    upstream = next((r for r in sorted(bundle, key=lambda r: r.order)
+                     if r.order < start and not r.stats.all_finite and r.kind == "output"), None)
+    if upstream is not None:
+        return replace(f, confirmed=None, observed=f"{runtime}: NaN reaches {f.module} from upstream "
+                       f"({upstream.name}): not judged")
     broken = list(st.nonfinite_channel_idx)
     predicted = set(f.evidence.get("channels", ()))
     inside = [c for c in broken if c in predicted]
