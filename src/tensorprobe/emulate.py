@@ -76,4 +76,51 @@ class tf32:
         self._mark.__exit__(*exc)
 
 
-__all__ = ["round_to_tf32", "tf32"]
+_LOW = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class _RoundEverything(TorchDispatchMode):
+    """Every float32 operand and result rounded to `dtype` (beyond its range: ±inf, as the format does)."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def _round(self, t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+            return t.to(self.dtype).to(torch.float32)
+        return t
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        args = tuple(self._round(a) for a in args)
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            return self._round(out)
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._round(o) for o in out)
+        return out
+
+
+class reduced_precision:
+    """Context manager: every op of a float32 model sees operands and gives results rounded to float16 or
+    bfloat16 (computed in float32 between): a model's values as a float16/bfloat16 port stores them,
+    overflow to ±inf included, on any device and for ops that have no float16 CPU kernel.
+
+        >>> with reduced_precision("float16"):                              # doctest: +SKIP
+        ...     origin = tp.find_first_nonfinite(model, x)
+    """
+
+    def __init__(self, dtype: str = "float16"):
+        if dtype not in _LOW:
+            raise ValueError(f"reduced_precision takes float16 or bfloat16, not {dtype!r}")
+        self._mode = _RoundEverything(_LOW[dtype])
+
+    def __enter__(self) -> "reduced_precision":
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+__all__ = ["reduced_precision", "round_to_tf32", "tf32"]

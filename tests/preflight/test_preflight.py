@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -114,3 +115,40 @@ def test_verify_does_not_judge_a_norm_whose_nan_comes_from_upstream():
     assert by_module["first"].confirmed is True
     second = by_module["second"]
     assert second.confirmed is None and second.observed == "tvm: NaN reaches second from upstream (first): not judged"
+
+
+def test_stress_in_float16_matches_a_real_half_run():
+    """The emulation (float32 ops, operands and results rounded to float16) against PyTorch's own float16."""
+    import math
+
+    from tensorprobe.preflight.stress import stress
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv1d(8, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.Conv1d(16, 8, 5, padding=2))
+    x = torch.randn(1, 8, 2000)
+    with torch.no_grad():
+        ref, half = m.eval()(x).double(), copy.deepcopy(m).half()(x.half()).double()
+    real_snr = -10 * math.log10(float(((half - ref) ** 2).sum() / (ref ** 2).sum()))
+    fp16, bf16 = stress(m, x, emulate="fp16"), stress(m, x, emulate="bf16")
+    assert not fp16.finding and fp16.output_snr_db == pytest.approx(real_snr, abs=1.5)   # 67.3 dB here
+    assert bf16.output_snr_db < fp16.output_snr_db - 12                 # 8 mantissa bits against 11
+
+
+def test_stress_finds_where_float16_overflows_as_the_real_half_model_does():
+    from tensorprobe.nan import find_first_nonfinite
+    from tensorprobe.preflight.stress import stress
+
+    class Spec(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.exp(self.proj(x)).sum(-1)
+
+    torch.manual_seed(0)
+    m, x = Spec().eval(), 40 * torch.ones(2, 4)     # proj outputs up to ~14: exp overflows float16 (> 11.1), not float32
+    real = find_first_nonfinite(copy.deepcopy(m).half(), x.half())
+    r = stress(m, x, emulate="fp16")
+    assert real.found and r.finding and r.origin.op == real.op == "aten.exp.default"
+    assert not stress(m, x, emulate="bf16").finding                      # bfloat16 has float32's exponent range

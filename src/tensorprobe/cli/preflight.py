@@ -1,4 +1,5 @@
-"""`tensorprobe preflight TARGET --target T`: what will break when TARGET's model is ported to T.
+"""`tensorprobe preflight TARGET --target T`: what will break when TARGET's model is ported to T; `tensorprobe stress
+TARGET --emulate fp16`: the model in the target's arithmetic.
 
 Exit codes: 0 nothing predicted to break, 1 something will (an error-level finding), 2 bad input.
 JSON schema: docs/json-preflight.md.
@@ -39,4 +40,32 @@ def preflight_cmd(
         emit_json("preflight", "finding" if report.finding else "ok", {"preflight": report.to_dict()})
     else:
         render_preflight(console, report)
+    raise typer.Exit(EXIT_FINDING if report.finding else EXIT_OK)
+
+
+@app.command("stress")
+def stress_cmd(
+    target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning (model, inputs)."),
+    emulate: str = typer.Option("fp16", "--emulate", "-e", help="fp16, bf16 or tf32."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run TARGET's model with every op in fp16/bf16/TF32 arithmetic (emulated in float32): where the first
+    non-finite value is born, and each layer's error against float32. Exits 1 on a non-finite value."""
+    from rich.markup import escape
+
+    from ..preflight.stress import stress
+    from ..targets import load_target
+
+    try:
+        tgt = load_target(target)
+        with progress(f"stress of {target} in {emulate}", enabled=not json_out):
+            report = stress(tgt.model, *tgt.args, emulate=emulate)
+    except TensorprobeError as e:
+        fail(str(e))
+    if json_out:
+        emit_json("stress", "finding" if report.finding else "ok", {"stress": report.to_dict()})
+    else:
+        console.print(f"[{'bold red' if report.finding else 'bold green'}]{escape(report.summary())}[/]")
+        for name, snr in report.layers():
+            console.print(f"  SNR {snr:6.1f} dB  {escape(name)}")
     raise typer.Exit(EXIT_FINDING if report.finding else EXIT_OK)
