@@ -35,6 +35,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "CompareResult": (".compare", "CompareResult"), "compare": (".compare", None),
     "rng": (".rng", None),
     "preflight": (".preflight", "preflight"), "PreflightReport": (".preflight", "PreflightReport"),
+    "stress": (".preflight.stress", "stress"), "rewrite": (".preflight.rewrite", "rewrite"),
 }
 
 
@@ -63,5 +64,5 @@ __all__ = [
     "Record", "RuntimeUnavailable", "TargetError", "TensorStats", "TensorprobeError", "capture",
     "compute_stats", "find_first_nonfinite", "find_nonfinite_in_bundle", "open_bundle",
     "DiffReport", "diff", "IsolateReport", "isolate", "CompareResult", "compare", "rng", "preflight",
-    "PreflightReport",
+    "PreflightReport", "rewrite", "stress",
 ]

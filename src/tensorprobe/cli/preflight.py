@@ -1,11 +1,14 @@
 """`tensorprobe preflight TARGET --target T`: what will break when TARGET's model is ported to T; `tensorprobe stress
-TARGET --emulate fp16`: the model in the target's arithmetic.
+TARGET --emulate fp16`: the model in the target's arithmetic; `tensorprobe rewrite TARGET`: verified rewrites.
 
 Exit codes: 0 nothing predicted to break, 1 something will (an error-level finding), 2 bad input.
 JSON schema: docs/json-preflight.md.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -69,3 +72,54 @@ def stress_cmd(
         for name, snr in report.layers():
             console.print(f"  SNR {snr:6.1f} dB  {escape(name)}")
     raise typer.Exit(EXIT_FINDING if report.finding else EXIT_OK)
+
+
+@app.command("rewrite")
+def rewrite_cmd(
+    target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning (model, inputs)."),
+    rules: str = typer.Option("stable_norm,fold_weight_norm", "--rules", help="Comma-separated rules: stable_norm, "
+                              "fold_weight_norm."),
+    rtol: float = typer.Option(1e-4, "--rtol", help="Largest output change a rule may make (relative; or no more "
+                               "than twice the model's own float32 error)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Export the rewritten model here (torch.export, .pt2)."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Rewrite TARGET's model for a port (stable instance norms, weight norm folded), keeping each rule only if
+    its outputs on TARGET's inputs prove equivalent. Exits 1 when a rule changed the outputs and was refused."""
+    from ..preflight.rewrite import rewrite
+    from ..targets import load_target
+
+    try:
+        tgt = load_target(target)
+        result = rewrite(tgt.model, *tgt.args, rules=[r.strip() for r in rules.split(",") if r.strip()], rtol=rtol)
+        if out is not None:
+            _export(result.model, tgt.args, out)
+    except TensorprobeError as e:
+        fail(str(e))
+    refused = any(not r.applied and r.changed for r in result.rules)
+    if json_out:
+        emit_json("rewrite", "finding" if refused else "ok", {"rewrite": result.to_dict(), "out": str(out) if out else None})
+    else:
+        console.print(result.summary())
+        if out is not None:
+            console.print(f"wrote {out}")
+    raise typer.Exit(EXIT_FINDING if refused else EXIT_OK)
+
+
+def _export(model, args, out: Path) -> None:
+    import os
+
+    import torch
+
+    from ..errors import InputError
+
+    try:
+        ep = torch.export.export(model, tuple(args), strict=False)
+    except Exception as e:
+        raise InputError(f"torch.export could not export the rewritten model: {type(e).__name__}: {e}") from None
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        torch.export.save(ep, str(tmp))
+        os.replace(tmp, out)       # atomic: no half-written file that looks complete
+    finally:
+        tmp.unlink(missing_ok=True)

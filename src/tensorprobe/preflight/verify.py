@@ -8,7 +8,6 @@ first non-finite value is born; an overflow prediction is confirmed when that is
 
 from __future__ import annotations
 
-import copy
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 
 from ..errors import InputError, TensorprobeError
 from .findings import Finding, Target
+from .rewrite import clone_module
 
 RUNTIME_OF = {"onnx": "onnxruntime", "executorch": "executorch", "tvm": "tvm"}
 PREDICTIONS = ("one_pass_variance", "overflow")
@@ -47,12 +47,12 @@ def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list
 
 def _capture(adapter: Any, model: torch.nn.Module, inputs: tuple, out: Path) -> tuple[Any, str]:
     try:
-        return adapter.capture(copy.deepcopy(model), inputs, out=out, keep="stats"), ""
+        return adapter.capture(clone_module(model), inputs, out=out, keep="stats"), ""
     except InputError as e:
         if "random='zeros'" not in str(e) and "random=zeros" not in str(e):
             raise
     # the importer takes no random ops: zeros, allowed only when the outputs do not depend on them
-    return (adapter.capture(copy.deepcopy(model), inputs, out=out, keep="stats", random="zeros"),
+    return (adapter.capture(clone_module(model), inputs, out=out, keep="stats", random="zeros"),
             " with random ops replaced by zeros (the outputs do not depend on them)")
 
 
@@ -84,7 +84,7 @@ def _check_norm(f: Finding, bundle: Any, runtime: str) -> Finding:
 def _verify_half(model: torch.nn.Module, inputs: tuple, findings: list[Finding]) -> tuple[list[Finding], str]:
     from ..nan.live import find_first_nonfinite
 
-    half = copy.deepcopy(model).half()
+    half = clone_module(model).half()
     args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
     try:
         origin = find_first_nonfinite(half, *args, spread=False)

@@ -1,0 +1,188 @@
+"""Verified rewrites: swap parts of a model for equivalents a target accepts, and prove each swap on the
+user's inputs before keeping it.
+
+    >>> result = rewrite(model, x, rules=["stable_norm", "fold_weight_norm"])     # doctest: +SKIP
+    >>> [(r.rule, r.applied, r.max_rel_err) for r in result.rules]                # doctest: +SKIP
+    [('stable_norm', True, 1.2e-07), ('fold_weight_norm', True, 0.0)]
+    >>> ported = result.model                                                     # doctest: +SKIP
+
+Each rule runs on a copy of the model as it stands. Its outputs on the inputs are compared with the exact
+outputs (the model before the rule, run in float64): the rule is kept when its error is within `rtol`, or no
+larger than twice the error the model had before it. The second clause matters where the model is
+ill-conditioned on these inputs (an instance norm of near-constant channels amplifies float32 rounding
+100,000-fold): there no float32 implementation agrees with another to 1e-4, and "as accurate as before" is
+the equivalence that can be proven. A rule that fails both is reported and not applied. A rule is a name
+from `RULES` or any function `model -> (model, changed paths)`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ..errors import InputError
+
+Rule = Callable[[nn.Module], "tuple[nn.Module, list[str]]"]
+
+
+class TwoPassInstanceNorm(nn.Module):
+    """InstanceNorm with its variance written as E[(x − mean)²] (two passes): exported as plain mean, sub,
+    mul and rsqrt ops, which no backend lowers into a one-pass E[x²] − E[x]²."""
+
+    def __init__(self, norm: nn.modules.instancenorm._InstanceNorm):
+        super().__init__()
+        self.eps = norm.eps
+        self.weight = norm.weight if norm.affine else None
+        self.bias = norm.bias if norm.affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dims = tuple(range(2, x.dim()))
+        centred = x - x.mean(dim=dims, keepdim=True)
+        var = (centred * centred).mean(dim=dims, keepdim=True)
+        y = centred * torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y
+
+
+def stable_norm(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """Instance norms (without running statistics) -> `TwoPassInstanceNorm`."""
+    changed = []
+    for path, module in list(model.named_modules()):
+        if isinstance(module, nn.modules.instancenorm._InstanceNorm) and not module.track_running_stats:
+            _replace(model, path, TwoPassInstanceNorm(module))
+            changed.append(path)
+    return model, changed
+
+
+def fold_weight_norm(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """Weight norms (old-style `weight_g`/`weight_v`, or parametrizations) folded into plain weights."""
+    changed = []
+    for path, module in list(model.named_modules()):
+        if hasattr(module, "weight_g") and hasattr(module, "weight_v"):
+            nn.utils.remove_weight_norm(module)
+            changed.append(path)
+        elif nn.utils.parametrize.is_parametrized(module, "weight"):
+            nn.utils.parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+            changed.append(path)
+    return model, changed
+
+
+RULES: dict[str, Rule] = {"stable_norm": stable_norm, "fold_weight_norm": fold_weight_norm}
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    rule: str
+    applied: bool
+    changed: tuple[str, ...]     # module paths the rule rewrote
+    max_rel_err: float | None    # largest |after − exact| over the largest |exact|, over every output
+    reason: str = ""
+    model_rel_err: float | None = None   # the same figure for the model before the rule (its own float32 error)
+
+    def to_dict(self) -> dict[str, Any]:
+        from ..numbers import json_number
+
+        return {"rule": self.rule, "applied": self.applied, "changed": list(self.changed),
+                "max_rel_err": json_number(self.max_rel_err), "model_rel_err": json_number(self.model_rel_err),
+                "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    model: nn.Module
+    rules: tuple[RuleResult, ...]
+
+    def summary(self) -> str:
+        parts = []
+        for r in self.rules:
+            if r.applied:
+                parts.append(f"{r.rule}: {len(r.changed)} module(s) rewritten, outputs within {r.max_rel_err:.1e} of "
+                             f"float64 (the model's own float32 error: {r.model_rel_err or 0:.1e})")
+            else:
+                parts.append(f"{r.rule}: not applied ({r.reason})")
+        return "; ".join(parts) + "."
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary(), "rules": [r.to_dict() for r in self.rules]}
+
+
+def rewrite(model: nn.Module, *inputs: Any, rules: Sequence[str | Rule] = ("stable_norm", "fold_weight_norm"),
+            rtol: float = 1e-4) -> RewriteResult:
+    """Apply `rules` one by one to a copy of `model`, keeping each only if it proves equivalent on `inputs`
+    (see module docstring). The original model is not modified."""
+    current = clone_module(model).eval()
+    results = []
+    for rule in rules:
+        name, fn = _resolve(rule)
+        exact = _outputs(clone_module(current).double(), _double(inputs))
+        before_err = _max_rel_err(exact, _outputs(current, inputs))
+        candidate, changed = fn(clone_module(current))
+        if not changed:
+            results.append(RuleResult(name, False, (), None, "nothing to rewrite"))
+            continue
+        err = _max_rel_err(exact, _outputs(candidate.eval(), inputs))
+        allowed = max(rtol, 2 * (before_err or 0.0))
+        if err is None or err > allowed:
+            results.append(RuleResult(name, False, tuple(changed), err, model_rel_err=before_err, reason=
+                                      f"outputs move {err:.2g} from exact (> {allowed:.2g}: rtol, or twice the "
+                                      f"model's own {before_err or 0:.2g})" if err is not None
+                                      else "outputs change shape or become non-finite"))
+            continue
+        current = candidate
+        results.append(RuleResult(name, True, tuple(changed), err, model_rel_err=before_err))
+    return RewriteResult(current, tuple(results))
+
+
+def _double(inputs: tuple) -> tuple:
+    return tuple(t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
+
+
+def clone_module(model: nn.Module) -> nn.Module:
+    """`copy.deepcopy(model)`, also after a forward of old-style weight norm (`torch.nn.utils.weight_norm`),
+    whose computed `weight` is not a leaf tensor and refuses deepcopy. The weight norm recomputes it from
+    `weight_g` and `weight_v` before every forward, so dropping its graph changes nothing."""
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if hasattr(m, "weight_g") and isinstance(w, torch.Tensor) and not w.is_leaf:
+            m.weight = w.detach()
+    return copy.deepcopy(model)
+
+
+def _resolve(rule: str | Rule) -> tuple[str, Rule]:
+    if callable(rule):
+        return getattr(rule, "__name__", "rule"), rule
+    if rule not in RULES:
+        raise InputError(f"unknown rewrite rule {rule!r}; known rules: {', '.join(RULES)}")
+    return rule, RULES[rule]
+
+
+def _outputs(model: nn.Module, inputs: tuple) -> list[torch.Tensor]:
+    with torch.no_grad():
+        out = model(*inputs)
+    return [t.detach().double() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _max_rel_err(before: list[torch.Tensor], after: list[torch.Tensor]) -> float | None:
+    if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
+        return None
+    worst = 0.0
+    for b, a in zip(before, after):
+        ok = torch.isfinite(b)
+        if not bool(torch.isfinite(a)[ok].all()):
+            return None
+        scale = float(b[ok].abs().max()) if bool(ok.any()) else 0.0
+        diff = float((a[ok] - b[ok]).abs().max()) if bool(ok.any()) else 0.0
+        worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
+
+
+def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, new)
