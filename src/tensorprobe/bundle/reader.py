@@ -150,15 +150,9 @@ class _TensorSource:
         return h
 
     def array(self, rec: Record) -> np.ndarray:
-        assert rec.shard is not None
         if rec.dtype == "bfloat16":
             return _read_bfloat16(self.root / rec.shard, rec.name)
-        try:
-            a = self._handle(rec.shard, "numpy").get_tensor(rec.name)
-        except BundleError:
-            raise
-        except Exception as e:
-            raise BundleError(f"{self.root / rec.shard}: can't read tensor {rec.name!r} ({e})") from None
+        a = self._read(rec, "numpy")
         if rec.dtype == "complex128" and a.dtype != np.complex128:
             a = np.ascontiguousarray(a).view(np.complex128)[..., 0]  # stored as (re, im) pairs: BundleWriter.add
         return a
@@ -166,16 +160,18 @@ class _TensorSource:
     def tensor(self, rec: Record) -> Any:
         import torch
 
-        assert rec.shard is not None
-        try:
-            t = self._handle(rec.shard, "pt").get_tensor(rec.name)
-        except BundleError:
-            raise
-        except Exception as e:
-            raise BundleError(f"{self.root / rec.shard}: can't read tensor {rec.name!r} ({e})") from None
+        t = self._read(rec, "pt")
         if rec.dtype == "complex128" and not t.is_complex():
             t = torch.view_as_complex(t)  # stored as (re, im) pairs: see BundleWriter.add
         return t
+
+    def _read(self, rec: Record, framework: str) -> Any:
+        assert rec.shard is not None
+        handle = self._handle(rec.shard, framework)
+        try:
+            return handle.get_tensor(rec.name)
+        except Exception as e:
+            raise BundleError(f"{self.root / rec.shard}: can't read tensor {rec.name!r} ({e})") from None
 
     def close(self) -> None:
         self._handles.clear()
