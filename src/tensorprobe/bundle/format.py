@@ -65,3 +65,7 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, Any], in
 DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
                "U64": "uint64", "BOOL": "bool"}
+# safetensors dtype codes NumPy reads directly (little-endian, as the format stores them); BF16 is widened
+NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?"}
+

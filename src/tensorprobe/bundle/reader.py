@@ -18,7 +18,7 @@ import safetensors
 from ..errors import BundleError
 from ..record import KIND_OUTPUT, OP_UNKNOWN, Record
 from ..stats import compute_stats
-from .format import (DTYPE_NAMES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE, STATUS_INCOMPLETE,
+from .format import (DTYPE_NAMES, NUMPY_DTYPES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE, STATUS_INCOMPLETE,
                      STATUS_RUNNING, read_safetensors_header)
 
 
@@ -137,6 +137,7 @@ class _TensorSource:
     def __init__(self, root: Path):
         self.root = root
         self._handles: dict[tuple[str, str], Any] = {}
+        self._maps: dict[str, tuple[dict[str, Any], int, np.ndarray]] = {}   # NumPy reads: header + memory map
 
     def _handle(self, shard: str, framework: str) -> Any:
         h = self._handles.get((shard, framework))
@@ -150,12 +151,37 @@ class _TensorSource:
         return h
 
     def array(self, rec: Record) -> np.ndarray:
-        if rec.dtype == "bfloat16":
-            return _read_bfloat16(self.root / rec.shard, rec.name)
-        a = self._read(rec, "numpy")
+        """A read-only view into the memory-mapped shard (no copy; bfloat16 is widened to float32)."""
+        assert rec.shard is not None
+        header, data_start, mm = self._mapped(rec.shard)
+        entry = header.get(rec.name)
+        if entry is None:
+            raise BundleError(f"{self.root / rec.shard}: can't read tensor {rec.name!r} (not in the shard)")
+        begin, end = entry["data_offsets"]
+        code = entry["dtype"]
+        raw = mm[data_start + begin:data_start + end]
+        if code == "BF16":
+            a = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        elif code in NUMPY_DTYPES:
+            a = raw.view(NUMPY_DTYPES[code])
+        else:
+            raise BundleError(f"{self.root / rec.shard}: tensor {rec.name!r} has dtype {code}, which NumPy cannot read")
+        a = a.reshape(entry["shape"])
         if rec.dtype == "complex128" and a.dtype != np.complex128:
             a = np.ascontiguousarray(a).view(np.complex128)[..., 0]  # stored as (re, im) pairs: BundleWriter.add
         return a
+
+    def _mapped(self, shard: str) -> tuple[dict[str, Any], int, np.ndarray]:
+        m = self._maps.get(shard)
+        if m is None:
+            path = self.root / shard
+            try:
+                header, data_start = read_safetensors_header(path)
+                mm = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.empty(0, np.uint8)
+            except (OSError, ValueError) as e:
+                raise BundleError(f"{path}: corrupt or truncated tensor shard ({e})") from None
+            m = self._maps[shard] = (header, data_start, mm)
+        return m
 
     def tensor(self, rec: Record) -> Any:
         import torch
@@ -175,6 +201,7 @@ class _TensorSource:
 
     def close(self) -> None:
         self._handles.clear()
+        self._maps.clear()
 
 
 def _read_bfloat16(path: Path, name: str) -> np.ndarray:
