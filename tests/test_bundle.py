@@ -262,3 +262,18 @@ def test_captured_bundle_equals_the_bundle_read_back(tmp_path):
     for r in again:
         if r.has_tensor:
             assert torch.equal(got.tensor(r.name).nan_to_num(), again.tensor(r.name).nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64,
+                                   torch.complex128, torch.int8, torch.int64, torch.uint8, torch.bool])
+def test_numpy_reads_every_dtype_a_capture_stores_as_torch_does(tmp_path, dtype):
+    """`Bundle.numpy` (memory-mapped, no torch) and `Bundle.tensor` give the same values; bfloat16 widened."""
+    t = (torch.randn(3, 5, dtype=torch.complex64 if dtype.is_complex else torch.float32) * 5).to(dtype)
+    with BundleWriter(tmp_path / "b") as w:
+        w.add(Record(name="x", module="x", op="x", order=0, shape=tuple(t.shape), dtype=str(dtype)[6:],
+                     stats=compute_stats(t)), t)
+    b = Bundle.open(tmp_path / "b")
+    want = t.float().numpy() if dtype == torch.bfloat16 else t.numpy()
+    got = b.numpy("x")
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert b.tensor("x").dtype == dtype and torch.equal(b.tensor("x"), t)
