@@ -218,3 +218,21 @@ def test_rewrite_cli_exports_the_verified_model(tmp_path):
     torch.manual_seed(0)
     model, x = NormConv().eval(), mean100_input()
     assert torch.allclose(ep.module()(x), model(x), rtol=0, atol=1e-2 * float(model(x).abs().max()))
+
+
+def test_fix_applies_the_rules_the_findings_point_to_and_the_target_then_runs_clean(tmp_path):
+    pytest.importorskip("tvm")
+    from tensorprobe.runtimes import get_runtime
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(16, 16, 1)), NormConv())
+    with torch.no_grad():
+        model[0].parametrizations.weight.original1.copy_(torch.eye(16)[:, :, None])   # identity conv: mean 100 stays
+        model[0].bias.zero_()
+    x = mean100_input()
+    r = preflight(model, x, target="tvm", fix=True)
+    assert {f.rule for f in r.findings if f.rule} == {"stable_norm", "fold_weight_norm"}
+    assert [(x.rule, x.applied) for x in r.rewrite.rules] == [("stable_norm", True), ("fold_weight_norm", True)]
+    fixed = get_runtime("tvm").capture(r.rewrite.model, (x,), out=tmp_path / "fixed", keep="stats")
+    assert all(rec.stats.all_finite for rec in fixed)
+    assert not preflight(r.rewrite.model, x, target="tvm").findings            # nothing left to find

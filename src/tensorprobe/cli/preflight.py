@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
+from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
 from ._common import JsonOption, app, console, emit_json, fail, progress
 
 
@@ -25,6 +25,9 @@ def preflight_cmd(
     numbers: bool = typer.Option(True, "--numbers/--no-numbers", help="Run it once and lint its values."),
     verify: bool = typer.Option(False, "--verify", help="Run the target where it is installed (ONNX Runtime, "
                                 "ExecuTorch, TVM; float16 in PyTorch) and mark each prediction confirmed or not."),
+    fix: bool = typer.Option(False, "--fix", help="Apply the rewrites the findings point to, each only if it "
+                             "proves equivalent on TARGET's inputs."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="With --fix: export the fixed model here (.pt2)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Predict where TARGET's model breaks on a port target, from its code (an export) and its own numbers
@@ -36,7 +39,12 @@ def preflight_cmd(
     try:
         tgt = load_target(target)
         with progress(f"preflight of {target} for {port_target}", enabled=not json_out):
-            report = preflight(tgt.model, *tgt.args, target=port_target, code=code, numbers=numbers, verify=verify)
+            report = preflight(tgt.model, *tgt.args, target=port_target, code=code, numbers=numbers, verify=verify,
+                               fix=fix)
+        if out is not None:
+            if report.rewrite is None:
+                raise InputError("-o needs --fix and a finding with a rewrite rule")
+            _export(report.rewrite.model, tgt.args, out)
     except TensorprobeError as e:
         fail(str(e))
     if json_out:
@@ -110,8 +118,6 @@ def _export(model, args, out: Path) -> None:
     import os
 
     import torch
-
-    from ..errors import InputError
 
     try:
         ep = torch.export.export(model, tuple(args), strict=False)

@@ -27,7 +27,7 @@ from .numbers import lint_numbers
 
 
 def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", code: bool = True,
-              numbers: bool = True, verify: bool = False) -> PreflightReport:
+              numbers: bool = True, verify: bool = False, fix: bool = False) -> PreflightReport:
     """Predict what breaks when `model` is ported to `target` (one of `TARGETS`).
 
     Args:
@@ -36,6 +36,8 @@ def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", 
         code, numbers: run the code lint (an export) and the numbers lint (one forward).
         verify: run the target where it is installed and mark each numerical prediction confirmed or not
             (`Finding.confirmed`, `Finding.observed`).
+        fix: apply the rewrite rules the findings point to (`Finding.rule`), each kept only if it proves
+            equivalent on `inputs` (`tensorprobe.rewrite`); `report.rewrite.model` is the fixed model.
 
     Returns:
         A `PreflightReport`; `report.finding` is True when something is predicted to break.
@@ -57,7 +59,15 @@ def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", 
 
         findings, note = run_target(model, inputs, t, findings)
         notes.append(note)
-    return PreflightReport(target=t, findings=sorted_findings(findings), exported=exported, notes=tuple(notes))
+    fixed = None
+    if fix:
+        from .rewrite import rewrite
+
+        rules = list(dict.fromkeys(f.rule for f in sorted_findings(findings) if f.rule))   # worst problem first
+        fixed = rewrite(model, *inputs, rules=rules) if rules else None
+        notes.append(f"--fix: {fixed.summary()}" if fixed else "--fix: no finding has a rewrite rule")
+    return PreflightReport(target=t, findings=sorted_findings(findings), exported=exported, notes=tuple(notes),
+                           rewrite=fixed)
 
 
 __all__ = ["ERROR", "INFO", "TARGETS", "WARNING", "Finding", "PreflightReport", "Target", "preflight"]

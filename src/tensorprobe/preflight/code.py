@@ -117,7 +117,7 @@ def _weight_norms(model: torch.nn.Module) -> list[Finding]:
     shown = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
     return [Finding("weight_norm", INFO, f"weight norm computed at run time in {len(paths)} module(s) ({shown}): a "
                     "norm and a division per forward, and weights an int8 quantizer cannot see", count=len(paths),
-                    evidence={"modules": paths}, fix=FIXES["weight_norm"])]
+                    evidence={"modules": paths}, fix=FIXES["weight_norm"], rule="fold_weight_norm")]
 
 
 def _weight_normed(model: torch.nn.Module) -> set[str]:

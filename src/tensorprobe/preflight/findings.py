@@ -60,6 +60,7 @@ class Finding:
     count: int = 1                # occurrences folded into this finding (same kind, op, module, source)
     evidence: dict[str, Any] = field(default_factory=dict)
     fix: str | None = None
+    rule: str | None = None        # the `tensorprobe.rewrite` rule that fixes it (applied by `preflight --fix`)
     confirmed: bool | None = None  # --verify: the real target did (True) or did not (False) fail this way
     observed: str | None = None    # --verify: what the real target did there
 
@@ -68,7 +69,7 @@ class Finding:
 
         return {"kind": self.kind, "severity": self.severity, "message": self.message, "module": self.module,
                 "source": self.source, "op": self.op, "count": self.count,
-                "evidence": {k: json_number(v) for k, v in self.evidence.items()}, "fix": self.fix,
+                "evidence": {k: json_number(v) for k, v in self.evidence.items()}, "fix": self.fix, "rule": self.rule,
                 "confirmed": self.confirmed, "observed": self.observed}
 
 
@@ -80,6 +81,7 @@ class PreflightReport:
     findings: tuple[Finding, ...]
     exported: bool | None = None   # the target's exporter took the model (None: not tried)
     notes: tuple[str, ...] = ()
+    rewrite: Any = None            # with --fix: the `RewriteResult` (its `.model` is the fixed model)
 
     @property
     def errors(self) -> list[Finding]:
@@ -103,7 +105,8 @@ class PreflightReport:
         return {"target": {"name": t.name, "exporter": t.exporter, "one_pass_variance": t.one_pass_variance,
                            "dtype": t.dtype, "note": t.note},
                 "exported": self.exported, "summary": self.summary(), "finding": self.finding,
-                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes)}
+                "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
+                "rewrite": self.rewrite.to_dict() if self.rewrite is not None else None}
 
 
 def sorted_findings(findings: list[Finding]) -> tuple[Finding, ...]:

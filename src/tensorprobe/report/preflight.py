@@ -34,4 +34,4 @@ def render_preflight(console: Console, report: PreflightReport) -> None:
                       escape(f.message + count) + checked, escape(f.fix or ""))
     console.print(table)
     for note in report.notes:
-        console.print(f"[dim]target: {escape(note)}[/]")
+        console.print(f"[dim]note: {escape(note)}[/]")
