@@ -46,7 +46,11 @@ def lint_numbers(model: torch.nn.Module, inputs: tuple, target: Target) -> list[
         def hook(module, args, output):
             stack.exit(path)
             if path in norm_types and args and isinstance(args[0], torch.Tensor):
-                _norm_input(path, args[0], float(getattr(module, "eps", 1e-5)), norms)
+                watch.paused = True       # our own analysis ops are not the model's
+                try:
+                    _norm_input(path, args[0], float(getattr(module, "eps", 1e-5)), norms)
+                finally:
+                    watch.paused = False
         return hook
 
     watch.stack = stack
@@ -104,11 +108,12 @@ class _Watch(TorchDispatchMode):
         self.stack: ModuleStack | None = None
         self.exp: dict[tuple, float] = {}
         self.ranges: dict[tuple, float] = {}
+        self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         base = op_base_name(func)
-        if base in _EXP_OPS or base in _RANGE_OPS:
+        if not self.paused and (base in _EXP_OPS or base in _RANGE_OPS):
             module = self.stack.current[0] if self.stack else ""
             key = (module, base, user_source_line())
             if base in _EXP_OPS:
