@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import as_numpy
 from .result import DbResult
 
 DB_SCALES = ("auto", "mag", "power", "ln", "db")
@@ -55,6 +56,4 @@ def db_error(ref: Any, cand: Any, scale: str = "auto") -> DbResult:
 
 
 def _float64(x: Any) -> np.ndarray:
-    if not isinstance(x, np.ndarray) and type(x).__module__.startswith("torch"):
-        x = x.detach().cpu().double().numpy()
-    return np.asarray(x, dtype=np.float64).reshape(-1)
+    return as_numpy(x).astype(np.float64, copy=False).reshape(-1)

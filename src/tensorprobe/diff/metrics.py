@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..arrays import as_numpy
+
 CHUNK = 1 << 22          # elements converted at a time for dtypes the kernel does not read directly
 TWO_PI = 2.0 * math.pi
 
@@ -227,16 +229,7 @@ class _Acc:
 
 def _flat(x: Any) -> np.ndarray:
     """A flat NumPy view of `x` (complex as interleaved real/imaginary parts); torch tensors go to the CPU."""
-    if not isinstance(x, np.ndarray) and type(x).__module__.startswith("torch"):
-        import torch
-
-        t = x.detach().cpu()
-        if t.is_complex():
-            t = torch.view_as_real(t.resolve_conj())
-        if t.dtype == torch.bfloat16:   # NumPy has no bfloat16: widened exactly
-            t = t.float()
-        x = t.contiguous().numpy()
-    a = np.ascontiguousarray(x)
+    a = np.ascontiguousarray(as_numpy(x))
     if a.dtype.kind == "c":
         a = a.view(a.real.dtype)
     return a.reshape(-1)

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..arrays import as_numpy
 from ..ops import canonical_op
 from ..record import dtype_name
 from ..stats import TensorStats, compute_stats
@@ -70,16 +71,6 @@ class Evidence:
     def float_inputs(self) -> list[tuple[np.ndarray, str]]:
         """(values, dtype name) of the floating-point inputs with elements."""
         return [(t, d) for t, d in zip(self.inputs, self.input_dtypes) if t.dtype.kind == "f" and t.size]
-
-
-def as_numpy(t: Any) -> np.ndarray:
-    """A NumPy array of `t` (a torch tensor goes to the CPU; bfloat16 is widened exactly to float32)."""
-    if isinstance(t, np.ndarray) or not type(t).__module__.startswith("torch"):
-        return np.asarray(t)
-    t = t.detach().cpu()
-    if str(t.dtype) == "torch.bfloat16":
-        t = t.float()
-    return t.numpy()
 
 
 def exp_overflow_threshold(dtype: Any) -> float:

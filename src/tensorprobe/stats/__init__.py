@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import is_torch_tensor as _is_torch
 from .core import MAX_CHANNEL_IDX, TensorStats
 from .numpy_backend import numpy_digest, numpy_stats
 
@@ -63,9 +64,6 @@ def tensor_digest(tensor: Any) -> str:
     return numpy_digest(np.asarray(tensor))
 
 
-def _is_torch(x: Any) -> bool:
-    # a torch tensor (or subclass) without importing torch for NumPy callers
-    return any(c.__module__.startswith("torch") and c.__name__ == "Tensor" for c in type(x).__mro__)
 
 
 __all__ = ["MAX_CHANNEL_IDX", "TensorStats", "compute_stats", "tensor_digest"]
