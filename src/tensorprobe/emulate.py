@@ -101,19 +101,104 @@ class _RoundEverything(TorchDispatchMode):
         return out
 
 
+ACCUMULATE_BLOCK = 32   # values summed in float32 before a partial sum is rounded to the low format
+
+
+def _tree_sum(partials: torch.Tensor, low: torch.dtype) -> torch.Tensor:
+    """Sum dim 0 pairwise, every partial sum rounded to `low`: what a device that accumulates in float16
+    (or bfloat16) does with the partial sums of a reduction, as a tree."""
+    p = partials.to(low).to(partials.dtype)
+    while p.shape[0] > 1:
+        if p.shape[0] % 2:
+            p = torch.cat([p, torch.zeros_like(p[:1])])
+        p = (p[0::2] + p[1::2]).to(low).to(partials.dtype)
+    return p[0]
+
+
+def _blocked_sum(x: torch.Tensor, dims: Any, keepdim: bool, low: torch.dtype) -> torch.Tensor:
+    if x.dim() == 0:
+        return x
+    dims = [dims] if isinstance(dims, int) else dims
+    dims = list(range(x.dim())) if not dims else [d % x.dim() for d in dims]
+    kept = [d for d in range(x.dim()) if d not in dims]
+    flat = x.permute(*kept, *dims).reshape(*[x.shape[d] for d in kept], -1)
+    pad = (-flat.shape[-1]) % ACCUMULATE_BLOCK
+    flat = torch.nn.functional.pad(flat, (0, pad))
+    partials = flat.reshape(*flat.shape[:-1], -1, ACCUMULATE_BLOCK).sum(-1)
+    total = _tree_sum(partials.movedim(-1, 0), low)
+    if keepdim:
+        for d in sorted(dims):
+            total = total.unsqueeze(d)
+    return total
+
+
+def _blocked_conv(args: tuple, low: torch.dtype, func: Any) -> torch.Tensor | None:
+    x, w, bias, stride, padding, dilation, transposed, output_padding, groups = args
+    if groups != 1:
+        return None
+    step = max(1, ACCUMULATE_BLOCK // max(1, w[0, 0].numel()))   # input channels per partial sum
+    channels = x.shape[1]
+    if channels <= step:
+        return None
+    parts = []
+    for c in range(0, channels, step):
+        wc = w[c:c + step] if transposed else w[:, c:c + step]
+        parts.append(func(x[:, c:c + step], wc, None, stride, padding, dilation, transposed, output_padding, 1))
+    out = _tree_sum(torch.stack(parts), low)
+    return out if bias is None else (out + bias.view(1, -1, *([1] * (out.dim() - 2)))).to(low).to(out.dtype)
+
+
+def _blocked_matmul(a: torch.Tensor, b: torch.Tensor, low: torch.dtype) -> torch.Tensor:
+    k = a.shape[-1]
+    parts = [a[..., i:i + ACCUMULATE_BLOCK] @ b[..., i:i + ACCUMULATE_BLOCK, :] for i in range(0, k, ACCUMULATE_BLOCK)]
+    return _tree_sum(torch.stack(parts), low)
+
+
+class _AccumulateLow(_RoundEverything):
+    """`_RoundEverything`, and the partial sums of sums, means, convolutions and matmuls rounded to the low
+    format as well (blocks of `ACCUMULATE_BLOCK` values, then a tree of rounded partial sums)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = func._schema.name.split("::")[-1]
+        kwargs = kwargs or {}
+        args = tuple(self._round(a) for a in args)
+        out = None
+        if name in ("sum", "mean") and args[0].dtype == torch.float32 and not kwargs.get("dtype"):
+            dims = args[1] if len(args) > 1 else kwargs.get("dim")
+            keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+            out = _blocked_sum(args[0], dims, keepdim, self.dtype)
+            if name == "mean":
+                out = out / (args[0].numel() / max(1, out.numel()))
+        elif name == "convolution" and args[0].dtype == torch.float32:
+            out = _blocked_conv(args, self.dtype, func)
+        elif name in ("mm", "bmm") and args[0].dtype == torch.float32:
+            out = _blocked_matmul(args[0], args[1], self.dtype)
+        elif name == "addmm" and args[1].dtype == torch.float32 and not kwargs:
+            out = (args[0] + self._round(_blocked_matmul(args[1], args[2], self.dtype)))
+        if out is None:
+            out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor):
+            return self._round(out)
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._round(o) for o in out)
+        return out
+
+
 class reduced_precision:
     """Context manager: every op of a float32 model sees operands and gives results rounded to float16 or
     bfloat16 (computed in float32 between): a model's values as a float16/bfloat16 port stores them,
-    overflow to ±inf included, on any device and for ops that have no float16 CPU kernel.
+    overflow to ±inf included, on any device and for ops that have no float16 CPU kernel. With
+    `accumulate=True` the partial sums of sums, means, convolutions and matmuls are rounded too (blocks of
+    32 values, then a tree): a device that accumulates in float16 (GPUs' fp16 GEMMs, the Neural Engine).
 
         >>> with reduced_precision("float16"):                              # doctest: +SKIP
         ...     origin = tp.find_first_nonfinite(model, x)
     """
 
-    def __init__(self, dtype: str = "float16"):
+    def __init__(self, dtype: str = "float16", accumulate: bool = False):
         if dtype not in _LOW:
             raise ValueError(f"reduced_precision takes float16 or bfloat16, not {dtype!r}")
-        self._mode = _RoundEverything(_LOW[dtype])
+        self._mode = (_AccumulateLow if accumulate else _RoundEverything)(_LOW[dtype])
 
     def __enter__(self) -> "reduced_precision":
         self._mode.__enter__()

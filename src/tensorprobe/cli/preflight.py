@@ -57,7 +57,7 @@ def preflight_cmd(
 @app.command("stress")
 def stress_cmd(
     target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning (model, inputs)."),
-    emulate: str = typer.Option("fp16", "--emulate", "-e", help="fp16, bf16 or tf32."),
+    emulate: str = typer.Option("fp16", "--emulate", "-e", help="fp16, bf16, fp16-accum (partial sums in float16 too), tf32 or int8-weights."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run TARGET's model with every op in fp16/bf16/TF32 arithmetic (emulated in float32): where the first

@@ -227,18 +227,31 @@ def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats
     return out
 
 
-# A one-pass variance E[x²] − E[x]² in float32 keeps nothing of the variance once mean² exceeds it by
-# about 1/u (u = 2^-24): the result is rounding noise of either sign, and rsqrt(var + eps) of a negative
-# one is NaN. Channels well past this ratio are where such a backend's normalization breaks.
-ONE_PASS_VARIANCE_LIMIT = 1.0 / 2.0 ** -24 / 16   # ~1e6: the rounding noise reaches ~1/16 of the variance
+# A one-pass variance E[x²] − E[x]² of n float32 values carries rounding noise up to about mean²·n·u
+# (u = 2^-24; the sums of n terms are each good to n·u), of either sign. Where that noise can reach the
+# variance + eps, rsqrt(variance + eps) can be of a negative number: NaN (seeds 000 and 001).
+UNIT_ROUNDOFF_F32 = 2.0 ** -24
 ONE_PASS_BACKENDS = "TVM 0.27 and ExecuTorch 1.5.1 compute it that way; ONNX Runtime and PyTorch do not"
 
 
-def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: str) -> list[str]:
-    """What the input of a normalization says about NaN in its output channels `bad_channels`.
+def one_pass_variance_score(units: Any, eps: float = 1e-5) -> np.ndarray:
+    """Per unit (dim 1 of a `[batch, units, values]` array): the worst-case rounding noise of a float32
+    one-pass variance over its values, relative to its variance + eps, worst over the batch, in float64.
+    Above 1 the computed variance can come out negative.
 
-    Per channel (dim 1), over the normalised axes: mean² / variance, computed in float64. Channels whose
-    ratio passes `ONE_PASS_VARIANCE_LIMIT` lose their variance to cancellation in a one-pass variance.
+        >>> x = np.random.default_rng(0).standard_normal((1, 3, 4096)); x[:, 1] = 300 + 1e-3 * x[:, 1]
+        >>> (one_pass_variance_score(x) > 1).tolist()
+        [False, True, False]
+    """
+    xd = as_numpy(units).astype(np.float64)
+    n = xd.shape[-1]
+    noise = xd.mean(axis=-1) ** 2 * n * UNIT_ROUNDOFF_F32
+    return (noise / (xd.var(axis=-1) + eps)).max(axis=0)
+
+
+def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: str, eps: float = 1e-5) -> list[str]:
+    """What the input of a normalization says about NaN in its output channels `bad_channels`: the channels
+    (dim 1) whose one-pass variance can cancel to a negative number (`one_pass_variance_score` > 1).
 
         >>> x = np.random.default_rng(0).standard_normal((1, 4, 64)); x[:, 2] = 50 + 1e-4 * x[:, 2]
         >>> normalization_input_evidence(x, (2,), "conv")[0][:60]
@@ -247,22 +260,15 @@ def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: 
     x = as_numpy(x)
     if x.ndim < 3 or x.dtype.kind != "f" or not np.isfinite(x).all():
         return []
-    axes = (0, *range(2, x.ndim))
-    xd = x.astype(np.float64)
-    var = xd.var(axis=axes)
-    mean2 = xd.mean(axis=axes) ** 2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(var > 0, mean2 / np.maximum(var, np.finfo(np.float64).tiny),
-                         np.where(mean2 > 0, np.inf, 0.0))   # a constant 0 channel cancels exactly: no risk
-    risky = [int(c) for c in np.flatnonzero(ratio > ONE_PASS_VARIANCE_LIMIT)]
+    score = one_pass_variance_score(x.reshape(x.shape[0], x.shape[1], -1), eps)
+    risky = [int(c) for c in np.flatnonzero(score > 1.0)]
     if not risky:
         return []
-    shown = "; ".join(f"channel {c}: {_ratio_text(float(ratio[c]))}" for c in risky[:8]) + \
-        (" …" if len(risky) > 8 else "")
-    text = (f"The normalization input ({source}) has {len(risky)} of {x.shape[1]} channels nearly constant "
-            f"(mean² / variance — {shown}). A one-pass variance E[x²] − E[x]² in float32 cancels to rounding noise "
-            f"there, negative as often as not, and rsqrt(variance + eps) of a negative value is NaN; "
-            f"{ONE_PASS_BACKENDS}.")
+    shown = "; ".join(f"channel {c}: {float(score[c]):.1e}" for c in risky[:8]) + (" …" if len(risky) > 8 else "")
+    text = (f"The normalization input ({source}) has {len(risky)} of {x.shape[1]} channels nearly constant: a one-pass "
+            f"variance E[x²] − E[x]² in float32 can carry rounding noise larger than their variance + eps (noise / "
+            f"(variance + eps) — {shown}), negative as often as not, and rsqrt(variance + eps) of a negative value "
+            f"is NaN; {ONE_PASS_BACKENDS}.")
     bad = set(bad_channels)
     if bad and bad <= set(risky):
         text += (f" Every NaN channel ({', '.join(map(str, sorted(bad)))}) is one of them: compute the variance as "
@@ -272,5 +278,3 @@ def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: 
     return [text]
 
 
-def _ratio_text(r: float) -> str:
-    return "constant" if math.isinf(r) else f"{r:.1e}"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..ops import RNG_OPS
+from ..ops import ALIAS_OPS, RNG_OPS
 from .findings import ERROR, INFO, WARNING, Finding, Target
 
 # Ops that are bookkeeping of an exported program, not computation.
@@ -26,13 +26,17 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(os.path.dirname(__file__))
 
 FIXES = {
-    "random_op": "replace the random op by a noise input or a recorded buffer (tensorprobe rng export; "
-                 "--replay-rng), or zero it when the output does not depend on it (-O random=zeros)",
+    "random_op": "replace the draw by a recorded buffer (tensorprobe rewrite --rules record_random) or a noise "
+                 "input, or zero it when the output does not depend on it (-O random=zeros)",
     "complex": "use a real-valued STFT/iSTFT made of convolutions (Kokoro's kokoro.custom_stft.CustomSTFT, "
                "the disable_complex=True path)",
     "weight_norm": "fold the weight norm into plain weights (torch.nn.utils.remove_weight_norm, or "
                    "parametrize.remove_parametrizations)",
     "non_core_op": "rewrite it with Core ATen ops, or check that the target's backend has a kernel for it",
+    "data_dependent_shape": "give the runtime a static shape: pad to a maximum and mask, or move the op outside "
+                            "the exported graph",
+    "input_mutation": "work on a copy (x = x.clone()) or return the new value instead of writing into the input",
+    "constant": "compute it once: a Python float, or a buffer registered in __init__",
 }
 
 
@@ -70,7 +74,7 @@ def _torch_export(model: torch.nn.Module, inputs: tuple, target: Target) -> tupl
         seen[key] += 1
         first.setdefault(key, finding)
     out = [Finding(**{**f.__dict__, "count": seen[k]}) for k, f in first.items()]
-    return _merge_complex(out), True
+    return _merge_complex(out) + _input_mutations(ep) + _constants(ep), True
 
 
 def _node_finding(node: Any, target: Target) -> Finding | None:
@@ -85,14 +89,68 @@ def _node_finding(node: Any, target: Target) -> Finding | None:
         rejected = "" if target.random_ops else f"{target.name}'s importer rejects it, and "
         return Finding("random_op", WARNING if target.random_ops else ERROR,
                        f"random op {base} inside the graph ({mtype or 'root'}): {rejected}another runtime draws "
-                       "other numbers, so outputs cannot be compared", fix=FIXES["random_op"], **where)
+                       "other numbers, so outputs cannot be compared", fix=FIXES["random_op"], rule="record_random",
+                       **where)
     if "fft" in base or "stft" in base or (getattr(val, "dtype", None) is not None and val.dtype.is_complex):
         return Finding("complex", ERROR, f"complex tensors / FFT ({base}): ExecuTorch, TVM and Core ML have no "
                        "complex dtype", fix=FIXES["complex"], **where)
+    if base == "_local_scalar_dense" or _unbacked(val):
+        return Finding("data_dependent_shape", WARNING, f"{base} makes a shape (or a Python number) from the "
+                       "values of a tensor: static-shape runtimes (Core ML, TVM, ExecuTorch's memory planner) need "
+                       "an upper bound for it", fix=FIXES["data_dependent_shape"], **where)
     if torch.Tag.core not in op.tags:
         return Finding("non_core_op", WARNING, f"{base} is not a Core ATen op: the target needs its own kernel or "
                        "a decomposition for it", fix=FIXES["non_core_op"], **where)
     return None
+
+
+def _unbacked(val: Any) -> bool:
+    """An output whose shape holds a symbol only known at run time (torch.export's unbacked `u0`, `u1`…)."""
+    for v in val if isinstance(val, (list, tuple)) else (val,):
+        for d in getattr(v, "shape", ()):
+            if isinstance(d, torch.SymInt) and any(str(s).startswith("u") for s in d.node.expr.free_symbols):
+                return True
+    return False
+
+
+def _input_mutations(ep: Any) -> list[Finding]:
+    mutated = sorted(set(ep.graph_signature.user_inputs_to_mutate.values()))
+    return [Finding("input_mutation", WARNING, f"the forward writes into its input {name} in place: the exported "
+                    "program copies the new value back as an extra output, which runtimes drop or reject",
+                    evidence={"input": name}, fix=FIXES["input_mutation"]) for name in mutated]
+
+
+# Ops that make a tensor from nothing (their operands are Python numbers): the leaves of a constant expression.
+_CREATION_OPS = {"arange", "full", "zeros", "ones", "scalar_tensor", "empty", "linspace", "eye", "lift_fresh_copy"}
+
+
+def _constants(ep: Any) -> list[Finding]:
+    """Computations whose every tensor operand is a constant: folded once, they would cost nothing."""
+    const_names = {spec.arg.name for spec in ep.graph_signature.input_specs
+                   if spec.kind == torch.export.graph_signature.InputKind.CONSTANT_TENSOR}
+    constant: set[str] = set()
+    lines: Counter = Counter()
+    first: dict[tuple, Any] = {}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in const_names:
+                constant.add(node.name)
+            continue
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        operands = [a for a in node.all_input_nodes]
+        base = node.target._schema.name.split("::")[-1]
+        if base in RNG_OPS:
+            continue
+        if (not operands and base in _CREATION_OPS) or (operands and all(a.name in constant for a in operands)):
+            constant.add(node.name)
+            if operands and base not in _IGNORED and base not in ALIAS_OPS:   # creations and views are cheap
+                key = (_module_of(node)[0], _source_of(node))
+                lines[key] += 1
+                first.setdefault(key, base)
+    return [Finding("constant", INFO, f"{lines[key]} op(s) ({first[key]}…) compute a constant at every run",
+                    module=key[0], source=key[1], op=first[key], count=lines[key], fix=FIXES["constant"])
+            for key in lines]
 
 
 def _merge_complex(findings: list[Finding]) -> list[Finding]:

@@ -82,6 +82,7 @@ class PreflightReport:
     exported: bool | None = None   # the target's exporter took the model (None: not tried)
     notes: tuple[str, ...] = ()
     rewrite: Any = None            # with --fix: the `RewriteResult` (its `.model` is the fixed model)
+    fixed_ok: bool | None = None   # with --fix --verify: the target ran the fixed model with every value finite
 
     @property
     def errors(self) -> list[Finding]:
@@ -106,7 +107,7 @@ class PreflightReport:
                            "dtype": t.dtype, "note": t.note},
                 "exported": self.exported, "summary": self.summary(), "finding": self.finding,
                 "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
-                "rewrite": self.rewrite.to_dict() if self.rewrite is not None else None}
+                "rewrite": self.rewrite.to_dict() if self.rewrite is not None else None, "fixed_ok": self.fixed_ok}
 
 
 def sorted_findings(findings: list[Finding]) -> tuple[Finding, ...]:

@@ -1,12 +1,12 @@
 """Lint from the numbers: run the model once on the user's inputs and find the values the target's
 arithmetic turns into failures, each with its evidence and margin.
 
-- instance norms whose input channels have mean² ≫ variance: a one-pass variance E[x²] − E[x]² in float32
-  cancels there to rounding noise of either sign, and rsqrt(variance + eps) of a negative one is NaN (seeds
-  000, 001). A channel is at risk when that noise can exceed variance + eps: mean² · n · u > var + eps, with
-  n the values summed per channel (float32 sums of n terms carry up to n·u relative error) and u = 2⁻²⁴;
-- `exp`-family inputs within a margin of overflow in the target's float format (float16: 11.09);
-- linear, convolution and reduction outputs beyond the float16 range, on float16 targets.
+- normalisations (instance, group, layer norm) whose input units have mean² ≫ variance: a one-pass
+  variance E[x²] − E[x]² in float32 cancels there to rounding noise of either sign, and rsqrt(variance +
+  eps) of a negative one is NaN (seeds 000, 001). A unit is at risk when that noise can exceed
+  variance + eps (`tensorprobe.nan.diagnose.one_pass_variance_score`);
+- what the op watch sees (`watch.py`): exp overflow, float16 range, atan2 branch cuts, singular ops near
+  zero, phase accumulated by cumsum, dynamic range below the smallest normal.
 """
 
 from __future__ import annotations
@@ -16,26 +16,24 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch import nn
 
-from ..hooks import ModuleStack, module_hooks, op_base_name, op_tensors, user_source_line
+from ..hooks import ModuleStack, module_hooks
+from ..nan.diagnose import ONE_PASS_BACKENDS, one_pass_variance_score
 from ..numbers import fmt_number
-from ..nan.diagnose import FLOAT_MAX, ONE_PASS_BACKENDS
 from .findings import ERROR, INFO, WARNING, Finding, Target
+from .watch import OpWatch
 
-_EXP_OPS = {"exp", "exp2", "expm1", "sinh", "cosh", "softplus"}
-_RANGE_OPS = {"convolution", "addmm", "mm", "bmm", "matmul", "linear", "sum", "cumsum"}
-UNIT_ROUNDOFF_F32 = 2.0 ** -24
-EXP_MARGIN = 2.0    # an exp input within this of the overflow limit is a warning (e^2: 7x headroom)
+_UNIT_NAMES = {"instance": "channels", "group": "groups", "layer": "normalised rows"}
 
 
-def lint_numbers(model: torch.nn.Module, inputs: tuple, target: Target) -> list[Finding]:
+def lint_numbers(model: nn.Module, inputs: tuple, target: Target) -> list[Finding]:
     """Run `model(*inputs)` once (float32, on its device) and return the numerical risks for `target`."""
     norms: dict[str, dict[str, Any]] = {}
-    watch = _Watch(target.dtype)
+    watch = OpWatch(target)
     stack = ModuleStack()
-    # the library's instance norms, which backends lower with their own variance (a two-pass rewrite is plain ops)
-    norm_types = {p: m for p, m in model.named_modules() if isinstance(m, torch.nn.modules.instancenorm._InstanceNorm)}
+    # the library's norms, which backends lower with their own variance (a two-pass rewrite is plain ops)
+    norm_kinds = {p: k for p, m in model.named_modules() if (k := _norm_kind(m))}
 
     def enter(path: str):
         def hook(module, args):
@@ -45,10 +43,10 @@ def lint_numbers(model: torch.nn.Module, inputs: tuple, target: Target) -> list[
     def leave(path: str):
         def hook(module, args, output):
             stack.exit(path)
-            if path in norm_types and args and isinstance(args[0], torch.Tensor):
+            if path in norm_kinds and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
                 watch.paused = True       # our own analysis ops are not the model's
                 try:
-                    _norm_input(path, args[0], float(getattr(module, "eps", 1e-5)), norms)
+                    _norm_input(path, norm_kinds[path], module, args[0], norms)
                 finally:
                     watch.paused = False
         return hook
@@ -59,19 +57,35 @@ def lint_numbers(model: torch.nn.Module, inputs: tuple, target: Target) -> list[
     return _norm_findings(norms, target) + watch.findings(target)
 
 
-def _norm_input(path: str, x: torch.Tensor, eps: float, out: dict[str, dict[str, Any]]) -> None:
-    """Per channel of an instance norm's input: the worst-case rounding noise of a float32 one-pass
-    variance over its normalised axes, relative to variance + eps (float64; > 1: it can come out negative)."""
-    if x.dim() < 3 or not x.is_floating_point():
+def _norm_kind(m: nn.Module) -> str | None:
+    if isinstance(m, nn.modules.instancenorm._InstanceNorm):
+        return "instance"
+    if isinstance(m, nn.GroupNorm):
+        return "group"
+    if isinstance(m, nn.LayerNorm):
+        return "layer"
+    return None
+
+
+def _units(kind: str, module: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """The input as [batch, units, values]: each unit is one set of values the norm takes a variance of."""
+    if kind == "instance":
+        return x.reshape(x.shape[0], x.shape[1], -1) if x.dim() >= 3 else None
+    if kind == "group":
+        return x.reshape(x.shape[0], module.num_groups, -1)
+    k = len(module.normalized_shape)
+    return x.reshape(1, -1, math.prod(x.shape[-k:]))
+
+
+def _norm_input(path: str, kind: str, module: nn.Module, x: torch.Tensor, out: dict[str, dict[str, Any]]) -> None:
+    units = _units(kind, module, x.detach())
+    if units is None:
         return
-    xd = x.detach().to(torch.float64)
-    axes = tuple(range(2, x.dim()))
-    n = math.prod(x.shape[2:])
-    var = xd.var(dim=axes, unbiased=False)
-    noise = xd.mean(dim=axes) ** 2 * n * UNIT_ROUNDOFF_F32
-    score = (noise / (var + eps)).amax(dim=0).cpu().numpy()             # the worst over the batch
+    eps = float(getattr(module, "eps", 1e-5))
+    score = one_pass_variance_score(units, eps)
     prev = out.get(path)
-    out[path] = {"score": score if prev is None else np.maximum(prev["score"], score), "n": n, "eps": eps}
+    out[path] = {"score": score if prev is None else np.maximum(prev["score"], score), "n": units.shape[-1],
+                 "eps": eps, "kind": kind}
 
 
 def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> list[Finding]:
@@ -81,73 +95,22 @@ def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> list[Fin
         risky = [int(c) for c in np.argsort(-score) if score[c] > 1.0]
         if not risky:
             continue
-        severity = ERROR if target.one_pass_variance else (INFO if target.one_pass_variance is False else WARNING)
-        how = {True: f"{target.name} computes the variance that way ({target.note}): these channels can come out NaN",
+        measured = info["kind"] == "instance"     # the one-pass kernels were measured for instance norm
+        severity = {True: ERROR if measured else WARNING, False: INFO, None: WARNING}[target.one_pass_variance]
+        how = {True: f"{target.name} computes the variance that way ({target.note}): these can come out NaN"
+                     + ("" if measured else " if its layer/group norm kernels do as its instance norm does"),
                False: f"{target.name} computes it in two passes: safe there, but not on TVM or ExecuTorch",
                None: f"whether {target.name} computes it that way is not known"}[target.one_pass_variance]
+        units = _UNIT_NAMES[info["kind"]]
         shown = ", ".join(map(str, risky[:12])) + ("…" if len(risky) > 12 else "")
         out.append(Finding(
             "one_pass_variance", severity,
-            f"{len(risky)} of {score.size} channels of its input are nearly constant: a one-pass variance "
+            f"{len(risky)} of {score.size} {units} of its input are nearly constant: a one-pass variance "
             f"E[x²] − E[x]² over {info['n']:,} float32 values can carry rounding up to "
             f"{fmt_number(float(score.max()), 2)}x their variance + eps (most at risk first: {shown}); {how}",
             module=path, evidence={"channels": sorted(risky), "worst_first": risky, "max_score": float(score.max()),
-                                   "values_per_channel": info["n"], "eps": info["eps"],
+                                   "units": units, "values_per_channel": info["n"], "eps": info["eps"],
                                    "one_pass_backends": ONE_PASS_BACKENDS},
-            fix="compute the variance as E[(x − mean)²] (two passes, or Welford), or subtract the channel mean "
-                "before this layer", rule="stable_norm"))
+            fix="compute the variance as E[(x − mean)²] (two passes, or Welford), or subtract the mean before "
+                "this layer", rule="stable_norm"))
     return out
-
-
-class _Watch(TorchDispatchMode):
-    """Largest exp-family input and largest linear/reduction output per (module, op, source line)."""
-
-    def __init__(self, dtype: str):
-        super().__init__()
-        self.dtype = dtype
-        self.stack: ModuleStack | None = None
-        self.exp: dict[tuple, float] = {}
-        self.ranges: dict[tuple, float] = {}
-        self.paused = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        base = op_base_name(func)
-        if not self.paused and (base in _EXP_OPS or base in _RANGE_OPS):
-            module = self.stack.current[0] if self.stack else ""
-            key = (module, base, user_source_line())
-            if base in _EXP_OPS:
-                ins = [t for t in op_tensors(args) if t.is_floating_point() and t.numel()]
-                if ins:
-                    self.exp[key] = max(self.exp.get(key, -math.inf), _finite_max(ins[0]))
-            elif self.dtype in ("float16", "bfloat16"):
-                outs = [t for t in op_tensors(out) if t.is_floating_point() and t.numel()]
-                if outs:
-                    self.ranges[key] = max(self.ranges.get(key, 0.0), _finite_max(outs[0].abs()))
-        return out
-
-    def findings(self, target: Target) -> list[Finding]:
-        limit = math.log(FLOAT_MAX.get(target.dtype, FLOAT_MAX["float32"]))
-        out = []
-        for (module, op, source), mx in self.exp.items():
-            if mx >= limit - EXP_MARGIN:
-                sev = ERROR if mx >= limit else WARNING
-                out.append(Finding("overflow", sev, f"{op} input reaches {mx:.4g}; {target.dtype} overflows above "
-                                   f"{limit:.2f} (margin {limit - mx:.2f})", module=module, source=source, op=op,
-                                   evidence={"max_input": mx, "limit": limit},
-                                   fix="bound the input (clamp before exp) or compute this op in float32"))
-        fmax = FLOAT_MAX.get(target.dtype)
-        for (module, op, source), mx in self.ranges.items():
-            if fmax and mx >= fmax / 2:
-                sev = ERROR if mx >= fmax else WARNING
-                out.append(Finding("overflow", sev, f"{op} output reaches |x| = {mx:.4g}; {target.dtype} holds at "
-                                   f"most {fmax:.4g}", module=module, source=source, op=op,
-                                   evidence={"max_abs": mx, "limit": fmax},
-                                   fix="rescale the values before this op, or keep it in float32"))
-        return out
-
-
-def _finite_max(t: torch.Tensor) -> float:
-    t = t.detach()
-    finite = t[torch.isfinite(t)]
-    return float(finite.max()) if finite.numel() else -math.inf

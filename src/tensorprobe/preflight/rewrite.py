@@ -12,22 +12,34 @@ larger than twice the error the model had before it. The second clause matters w
 ill-conditioned on these inputs (an instance norm of near-constant channels amplifies float32 rounding
 100,000-fold): there no float32 implementation agrees with another to 1e-4, and "as accurate as before" is
 the equivalence that can be proven. A rule that fails both is reported and not applied. A rule is a name
-from `RULES` or any function `model -> (model, changed paths)`.
+from `RULES` or any function `(model, *inputs) -> (model, changed paths)`.
+
+Every run (and every rule, which may record random draws) starts from the same seed, so a model with
+random ops is compared with itself on one draw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ..errors import InputError
+from .functions import guard_atan2, record_random
 
-Rule = Callable[[nn.Module], "tuple[nn.Module, list[str]]"]
+Rule = Callable[..., "tuple[nn.Module, list[str]]"]
+SEED = 0
+
+
+def _two_pass_normalise(x: torch.Tensor, dims: tuple[int, ...], eps: float) -> torch.Tensor:
+    centred = x - x.mean(dim=dims, keepdim=True)
+    var = (centred * centred).mean(dim=dims, keepdim=True)
+    return centred * torch.rsqrt(var + eps)
 
 
 class TwoPassInstanceNorm(nn.Module):
@@ -41,27 +53,67 @@ class TwoPassInstanceNorm(nn.Module):
         self.bias = norm.bias if norm.affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dims = tuple(range(2, x.dim()))
-        centred = x - x.mean(dim=dims, keepdim=True)
-        var = (centred * centred).mean(dim=dims, keepdim=True)
-        y = centred * torch.rsqrt(var + self.eps)
+        y = _two_pass_normalise(x, tuple(range(2, x.dim())), self.eps)
         if self.weight is not None:
             shape = (1, -1) + (1,) * (x.dim() - 2)
             y = y * self.weight.view(shape) + self.bias.view(shape)
         return y
 
 
-def stable_norm(model: nn.Module) -> tuple[nn.Module, list[str]]:
-    """Instance norms (without running statistics) -> `TwoPassInstanceNorm`."""
+class TwoPassGroupNorm(nn.Module):
+    """GroupNorm with a two-pass variance (see `TwoPassInstanceNorm`)."""
+
+    def __init__(self, norm: nn.GroupNorm):
+        super().__init__()
+        self.groups, self.eps = norm.num_groups, norm.eps
+        self.weight = norm.weight if norm.affine else None
+        self.bias = norm.bias if norm.affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grouped = x.reshape(x.shape[0], self.groups, -1)
+        y = _two_pass_normalise(grouped, (2,), self.eps).reshape(x.shape)
+        if self.weight is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y
+
+
+class TwoPassLayerNorm(nn.Module):
+    """LayerNorm with a two-pass variance (see `TwoPassInstanceNorm`)."""
+
+    def __init__(self, norm: nn.LayerNorm):
+        super().__init__()
+        self.ndim, self.eps = len(norm.normalized_shape), norm.eps
+        self.weight = norm.weight
+        self.bias = norm.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _two_pass_normalise(x, tuple(range(x.dim() - self.ndim, x.dim())), self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+def stable_norm(model: nn.Module, *inputs: Any) -> tuple[nn.Module, list[str]]:
+    """Instance norms (without running statistics), group norms and layer norms -> two-pass equivalents."""
     changed = []
     for path, module in list(model.named_modules()):
         if isinstance(module, nn.modules.instancenorm._InstanceNorm) and not module.track_running_stats:
-            _replace(model, path, TwoPassInstanceNorm(module))
-            changed.append(path)
+            new: nn.Module = TwoPassInstanceNorm(module)
+        elif isinstance(module, nn.GroupNorm):
+            new = TwoPassGroupNorm(module)
+        elif isinstance(module, nn.LayerNorm):
+            new = TwoPassLayerNorm(module)
+        else:
+            continue
+        _replace(model, path, new)
+        changed.append(path)
     return model, changed
 
 
-def fold_weight_norm(model: nn.Module) -> tuple[nn.Module, list[str]]:
+def fold_weight_norm(model: nn.Module, *inputs: Any) -> tuple[nn.Module, list[str]]:
     """Weight norms (old-style `weight_g`/`weight_v`, or parametrizations) folded into plain weights."""
     changed = []
     for path, module in list(model.named_modules()):
@@ -74,7 +126,8 @@ def fold_weight_norm(model: nn.Module) -> tuple[nn.Module, list[str]]:
     return model, changed
 
 
-RULES: dict[str, Rule] = {"stable_norm": stable_norm, "fold_weight_norm": fold_weight_norm}
+RULES: dict[str, Rule] = {"stable_norm": stable_norm, "fold_weight_norm": fold_weight_norm,
+                          "guard_atan2": guard_atan2, "record_random": record_random}
 
 
 @dataclass(frozen=True)
@@ -85,12 +138,14 @@ class RuleResult:
     max_rel_err: float | None    # largest |after − exact| over the largest |exact|, over every output
     reason: str = ""
     model_rel_err: float | None = None   # the same figure for the model before the rule (its own float32 error)
+    moved_rel_err: float | None = None   # largest |after − before| over the largest |before|: what the rule changed
 
     def to_dict(self) -> dict[str, Any]:
         from ..numbers import json_number
 
         return {"rule": self.rule, "applied": self.applied, "changed": list(self.changed),
                 "max_rel_err": json_number(self.max_rel_err), "model_rel_err": json_number(self.model_rel_err),
+                "moved_rel_err": json_number(self.moved_rel_err),
                 "reason": self.reason}
 
 
@@ -103,8 +158,9 @@ class RewriteResult:
         parts = []
         for r in self.rules:
             if r.applied:
-                parts.append(f"{r.rule}: {len(r.changed)} module(s) rewritten, outputs within {r.max_rel_err:.1e} of "
-                             f"float64 (the model's own float32 error: {r.model_rel_err or 0:.1e})")
+                parts.append(f"{r.rule}: {len(r.changed)} place(s) rewritten, outputs moved {r.moved_rel_err or 0:.1e}, "
+                             f"within {r.max_rel_err:.1e} of float64 (the model's own float32 error: "
+                             f"{r.model_rel_err or 0:.1e})")
             else:
                 parts.append(f"{r.rule}: not applied ({r.reason})")
         return "; ".join(parts) + "."
@@ -121,23 +177,33 @@ def rewrite(model: nn.Module, *inputs: Any, rules: Sequence[str | Rule] = ("stab
     results = []
     for rule in rules:
         name, fn = _resolve(rule)
-        exact = _outputs(clone_module(current).double(), _double(inputs))
-        before_err = _max_rel_err(exact, _outputs(current, inputs))
-        candidate, changed = fn(clone_module(current))
+        exact = _outputs(_exact(current, inputs), _double(inputs))
+        before = _outputs(current, inputs)
+        before_err = _max_rel_err(exact, before)
+        with seeded():
+            candidate, changed = fn(clone_module(current), *inputs)
         if not changed:
             results.append(RuleResult(name, False, (), None, "nothing to rewrite"))
             continue
-        err = _max_rel_err(exact, _outputs(candidate.eval(), inputs))
+        after = _outputs(candidate.eval(), inputs)
+        err, moved = _max_rel_err(exact, after), _max_rel_err(before, after)
         allowed = max(rtol, 2 * (before_err or 0.0))
         if err is None or err > allowed:
-            results.append(RuleResult(name, False, tuple(changed), err, model_rel_err=before_err, reason=
-                                      f"outputs move {err:.2g} from exact (> {allowed:.2g}: rtol, or twice the "
-                                      f"model's own {before_err or 0:.2g})" if err is not None
-                                      else "outputs change shape or become non-finite"))
+            reason = (f"outputs move {err:.2g} from exact (> {allowed:.2g}: rtol, or twice the model's own "
+                      f"{before_err or 0:.2g})" if err is not None else "outputs change shape or become non-finite")
+            results.append(RuleResult(name, False, tuple(changed), err, reason, before_err, moved))
             continue
         current = candidate
-        results.append(RuleResult(name, True, tuple(changed), err, model_rel_err=before_err))
+        results.append(RuleResult(name, True, tuple(changed), err, model_rel_err=before_err, moved_rel_err=moved))
     return RewriteResult(current, tuple(results))
+
+
+def _exact(model: nn.Module, inputs: tuple) -> nn.Module:
+    """The model in float64, drawing the very random numbers its float32 run draws under `SEED` (a float64
+    draw from the same seed is another sequence, which would make every comparison vacuous)."""
+    with seeded():
+        deterministic, _ = record_random(clone_module(model), *inputs)
+    return deterministic.double()
 
 
 def _double(inputs: tuple) -> tuple:
@@ -163,8 +229,16 @@ def _resolve(rule: str | Rule) -> tuple[str, Rule]:
     return rule, RULES[rule]
 
 
+@contextlib.contextmanager
+def seeded() -> Iterator[None]:
+    """The global generators forked and seeded with `SEED` (the caller's state is restored after)."""
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        torch.manual_seed(SEED)
+        yield
+
+
 def _outputs(model: nn.Module, inputs: tuple) -> list[torch.Tensor]:
-    with torch.no_grad():
+    with torch.no_grad(), seeded():
         out = model(*inputs)
     return [t.detach().double() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 

@@ -1,9 +1,14 @@
 """Precision stress: run the PyTorch model with every op in the target's arithmetic, before any export.
 
-`stress(model, *inputs, emulate="fp16")` captures the model in float32 and again under emulation
-(`tensorprobe.emulate`: every float32 operand and result rounded to float16 or bfloat16, overflow to ±inf
-included; or TF32 operands of convolutions and matmuls), then reuses `nan` and `diff`: where the first
-non-finite value is born under that arithmetic, and the error of every layer against float32.
+`stress(model, *inputs, emulate="fp16")` captures the model in float32 and again under emulation, then
+reuses `nan` and `diff`: where the first non-finite value is born under that arithmetic, and the error of
+every layer against float32. Emulations (`tensorprobe.emulate`):
+
+- fp16, bf16: every float32 operand and result rounded to the format, overflow to ±inf included;
+- fp16-accum: fp16, and the partial sums of sums, means, convolutions and matmuls rounded as well;
+- tf32: the operands of convolutions and matmuls rounded to TF32;
+- int8-weights: the weights of every convolution and linear layer quantized to int8 (symmetric, one scale
+  per output channel, as ONNX Runtime's and XNNPACK's weight quantizers do) and run in float32.
 
     >>> report = stress(model, x, emulate="fp16")          # doctest: +SKIP
     >>> print(report.summary())                            # doctest: +SKIP
@@ -21,7 +26,7 @@ import torch
 
 from ..errors import InputError
 
-EMULATIONS = ("fp16", "bf16", "tf32")
+EMULATIONS = ("fp16", "bf16", "fp16-accum", "tf32", "int8-weights")
 
 
 @dataclass(frozen=True)
@@ -69,22 +74,53 @@ def stress(model: torch.nn.Module, *inputs: Any, emulate: str = "fp16") -> Stres
     from ..capture import capture
     from ..diff import diff
     from ..nan.live import find_first_nonfinite
+    from .rewrite import seeded
 
     if emulate not in EMULATIONS:
         raise InputError(f"unknown emulation {emulate!r}; known: {', '.join(EMULATIONS)}")
     model = model.eval()
+    emulated = quantize_weights(model) if emulate == "int8-weights" else model
     with tempfile.TemporaryDirectory(prefix="tensorprobe-stress-") as d:
-        ref = capture(model, *inputs, level="module", keep="full", out=Path(d) / "ref")
-        with _arithmetic(emulate):
-            cand = capture(model, *inputs, level="module", keep="full", out=Path(d) / "cand")
-            origin = find_first_nonfinite(model, *inputs, spread=False)
+        with seeded():      # both runs draw the same random numbers
+            ref = capture(model, *inputs, level="module", keep="full", out=Path(d) / "ref")
+        with _arithmetic(emulate), seeded():
+            cand = capture(emulated, *inputs, level="module", keep="full", out=Path(d) / "cand")
+        with _arithmetic(emulate), seeded():
+            origin = find_first_nonfinite(emulated, *inputs, spread=False)
         report = diff(ref, cand)
         out = report.get(report.output) if report.output else None
         snr = out.metrics.get("snr_db") if out is not None else None
     return StressReport(emulate=emulate, origin=origin, diff=report, output_snr_db=snr)
 
 
+def quantize_weights(model: torch.nn.Module, bits: int = 8) -> torch.nn.Module:
+    """A copy of `model` whose convolution and linear weights are rounded to `bits`-bit integers (symmetric,
+    one scale per output channel) and stored back as float32; weight norms are folded first, since a
+    quantizer sees the weight the norm computes."""
+    from .rewrite import clone_module, fold_weight_norm
+
+    q, _ = fold_weight_norm(clone_module(model).eval())
+    top = 2 ** (bits - 1) - 1
+    with torch.no_grad():
+        for m in q.modules():
+            w = getattr(m, "weight", None)
+            if not isinstance(m, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)) or not isinstance(w, torch.Tensor):
+                continue
+            out_dim = 1 if isinstance(m, torch.nn.modules.conv._ConvTransposeNd) else 0
+            scale = w.abs().amax(dim=[d for d in range(w.dim()) if d != out_dim], keepdim=True) / top
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            w.copy_(torch.clamp(torch.round(w / scale), -top, top) * scale)
+    return q
+
+
 def _arithmetic(emulate: str) -> Any:
+    import contextlib
+
     from ..emulate import reduced_precision, tf32
 
-    return tf32() if emulate == "tf32" else reduced_precision({"fp16": "float16", "bf16": "bfloat16"}[emulate])
+    if emulate == "tf32":
+        return tf32()
+    if emulate == "int8-weights":
+        return contextlib.nullcontext()
+    low = {"fp16": "float16", "bf16": "bfloat16", "fp16-accum": "float16"}[emulate]
+    return reduced_precision(low, accumulate=emulate == "fp16-accum")

@@ -3,7 +3,7 @@
 ONNX Runtime, ExecuTorch and TVM capture the model at statistics level (records named by PyTorch module
 path); a one-pass-variance prediction is confirmed when the predicted norm comes out with NaN channels, all
 of them among the predicted ones. The `fp16` target runs `model.half()` in PyTorch and looks for where its
-first non-finite value is born; an overflow prediction is confirmed when that is the predicted op.
+first non-finite value is born; an overflow or near-zero prediction is confirmed when that is the predicted op.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .findings import Finding, Target
 from .rewrite import clone_module
 
 RUNTIME_OF = {"onnx": "onnxruntime", "executorch": "executorch", "tvm": "tvm"}
-PREDICTIONS = ("one_pass_variance", "overflow")
+PREDICTIONS = ("one_pass_variance", "overflow", "near_zero")
 
 
 def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list[Finding]) -> tuple[list[Finding], str]:
@@ -43,6 +43,41 @@ def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list
             return findings, f"--verify: {runtime} could not run the model ({e})"
         checked = [_check_norm(f, bundle, runtime) if f.kind == "one_pass_variance" else f for f in findings]
     return checked, f"--verify: ran {runtime}{how}"
+
+
+def verify_fixed(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[bool | None, str]:
+    """Run the target on the model `--fix` made: (True when every value it records is finite, a note)."""
+    runtime = RUNTIME_OF.get(target.name)
+    if target.name == "fp16":
+        from ..nan.live import find_first_nonfinite
+
+        half = clone_module(model).half()
+        args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+        try:
+            origin = find_first_nonfinite(half, *args, spread=False)
+        except Exception as e:
+            return None, f"--fix --verify: model.half() did not run ({type(e).__name__})"
+        return (not origin.found, "--fix --verify: the fixed model in float16 " +
+                (f"still makes a non-finite value at {origin.op} in {origin.module or '<root>'}" if origin.found
+                 else "keeps every value finite"))
+    if runtime is None:
+        return None, f"--fix --verify: no runtime to run {target.name} here"
+    from ..runtimes import get_runtime
+
+    adapter = get_runtime(runtime)
+    if not adapter.available():
+        return None, f"--fix --verify: {adapter.package} is not installed"
+    with tempfile.TemporaryDirectory(prefix="tensorprobe-verify-") as d:
+        try:
+            bundle, how = _capture(adapter, model, inputs, Path(d) / runtime)
+        except TensorprobeError as e:
+            return False, f"--fix --verify: {runtime} could not run the fixed model ({e})"
+        bad = [r.name for r in sorted(bundle, key=lambda r: r.order) if not r.stats.all_finite]
+        n = len(bundle)
+    if bad:
+        return False, f"--fix --verify: {runtime}{how} still makes NaN/Inf in the fixed model: {len(bad)} of {n} " \
+                      f"records, first {bad[0]}"
+    return True, f"--fix --verify: {runtime}{how} ran the fixed model with every value finite ({n} records)"
 
 
 def _capture(adapter: Any, model: torch.nn.Module, inputs: tuple, out: Path) -> tuple[Any, str]:
@@ -92,7 +127,7 @@ def _verify_half(model: torch.nn.Module, inputs: tuple, findings: list[Finding])
         return findings, f"--verify: model.half() did not run on this machine ({type(e).__name__}: {e})"
     out = []
     for f in findings:
-        if f.kind == "overflow":
+        if f.kind in ("overflow", "near_zero"):
             hit = origin.found and origin.module == f.module and f.op and f.op in (origin.op or "")
             seen = (f"float16: first non-finite value at {origin.op} in {origin.module or '<root>'}"
                     if origin.found else "float16: every value finite")

@@ -1,0 +1,101 @@
+"""Function-level rewrites (recorded random draws, guarded atan2) and the stress emulations added to fp16:
+float16 accumulation and int8 weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tensorprobe.errors import InputError
+from tensorprobe.ops import RNG_OPS
+from tensorprobe.preflight.rewrite import rewrite
+from tensorprobe.preflight.stress import quantize_weights, stress
+
+
+class NoisySource(torch.nn.Module):
+    """A harmonic source with an additive noise draw and a random initial phase, as in HiFi-GAN/NSF sources."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(1, 4)
+
+    def forward(self, f0):
+        phase0 = torch.rand(f0.shape[0], 1)
+        phase0[:, 0] = phase0[:, 0] * 0.5           # written into in place, as Kokoro does with its draw
+        sines = torch.sin(torch.cumsum(f0 / 24000, dim=1) * 2 * math.pi + phase0)
+        return self.proj(sines.unsqueeze(-1)) + 0.003 * torch.randn_like(sines).unsqueeze(-1)
+
+
+def _graph_ops(model, inputs):
+    ep = torch.export.export(model, inputs, strict=False).run_decompositions()
+    return [n.target._schema.name.split("::")[-1] for n in ep.graph.nodes
+            if n.op == "call_function" and hasattr(n.target, "_schema")]
+
+
+def test_record_random_replays_the_draw_exactly_and_exports_without_random_ops():
+    f0 = torch.full((2, 400), 220.0)
+    assert set(_graph_ops(NoisySource(), (f0,))) & RNG_OPS          # the draws are in the exported graph
+    result = rewrite(NoisySource(), f0, rules=["record_random"])
+    (rule,) = result.rules
+    assert rule.applied and len(rule.changed) == 2 and rule.moved_rel_err == 0.0    # same draw: identical outputs
+    fixed = result.model
+    assert torch.equal(fixed(f0), fixed(f0))                                         # deterministic now
+    assert not set(_graph_ops(fixed, (f0,))) & RNG_OPS
+    with pytest.raises(InputError, match="recorded on inputs of another size"):
+        fixed(torch.full((2, 300), 220.0))
+
+
+def test_record_random_makes_tvm_accept_the_model_and_agree_with_pytorch():
+    pytest.importorskip("tvm")
+    from tensorprobe.runtimes import get_runtime
+
+    f0 = torch.full((1, 256), 220.0)
+    adapter = get_runtime("tvm")
+    with pytest.raises(InputError, match="random"):          # TVM's importer takes no random op
+        adapter.run_module(NoisySource().eval(), (f0,))
+    fixed = rewrite(NoisySource(), f0, rules=["record_random"]).model
+    out = adapter.run_module(fixed, (f0,))
+    torch.testing.assert_close(torch.as_tensor(out[0]), fixed(f0), rtol=1e-4, atol=1e-5)
+
+
+def test_a_rewrite_that_draws_other_noise_is_refused():
+    """The proof compares the rule's outputs on the same draw: a rule that re-seeds the noise changes them."""
+
+    def reseed(model, *inputs):
+        from tensorprobe.preflight.functions import RANDOM_FUNCTIONS, swap_functions
+
+        def other(call, func, args, kwargs):
+            with torch.random.fork_rng():
+                torch.manual_seed(1234)
+                return func(*args, **kwargs)
+        return swap_functions(model, {f: other for f in RANDOM_FUNCTIONS}), ["<forward>"]
+
+    (rule,) = rewrite(NoisySource(), torch.full((1, 400), 220.0), rules=[reseed]).rules
+    assert not rule.applied and rule.max_rel_err > 1e-3
+
+
+def test_int8_weights_stress_error_matches_uniform_quantization_theory():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(512, 256, bias=False).eval()
+    torch.nn.init.uniform_(lin.weight, -1, 1)
+    x = torch.randn(64, 512)
+    report = stress(lin, x, emulate="int8-weights")
+    # per-row scale max|w|/127 ≈ 1/127: error variance Δ²/12 against weight variance 1/3 → SNR ≈ 10·log10(4·127²) = 48.1 dB
+    assert report.output_snr_db == pytest.approx(48.1, abs=1.0)
+    q = quantize_weights(lin)
+    steps = q.weight / (lin.weight.abs().amax(dim=1, keepdim=True) / 127)
+    torch.testing.assert_close(steps, steps.round(), rtol=0, atol=1e-3)        # integers times a row scale
+    assert lin.weight.abs().max() <= 1.0 and not torch.equal(q.weight, lin.weight)   # the original is untouched
+
+
+def test_fp16_accumulation_overflows_a_long_mean_that_plain_fp16_survives():
+    class Mean(torch.nn.Module):
+        def forward(self, x):
+            return x - x.mean(dim=(1, 2), keepdim=True)
+
+    x = 3 + torch.randn(1, 64, 700, generator=torch.Generator().manual_seed(0))      # Σ ≈ 134,400 > 65,504
+    assert not stress(Mean(), x, emulate="fp16").finding
+    acc = stress(Mean(), x, emulate="fp16-accum")
+    assert acc.finding and acc.origin.op.startswith("aten.mean")
