@@ -77,7 +77,6 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
     alignment = align(ref_b.records, cand_b.records, rule_list)
     inconsistent = inconsistent_order_pairs(alignment)
     ref_env, cand_env = ref_b.manifest.get("environment"), cand_b.manifest.get("environment")
-    by_name = {r.name: r for r in ref_b.records}
     cand_of = {p.ref.name: p.cand for p in alignment.pairs}
     noise = expected_noise(sorted(ref_b.records, key=lambda r: r.order), cand_of, Precision.of(ref_env, cand_env))
     results = []

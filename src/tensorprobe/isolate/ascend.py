@@ -71,7 +71,7 @@ class Ascent:
                     f"diff op-level captures to see where.")
         label = module_label(self.module or "")
         parts = [f"Error enters inside {label} ({self.module_type}"
-                 + (f", call {self.call}" if self.call else "") + f"), in its own code, not in a child"]
+                 + (f", call {self.call}" if self.call else "") + "), in its own code, not in a child"]
         failing_children = [n for n, v in self.children if v == "local"]
         if not failing_children:
             words = f"its {len(self.children)} child call(s) pass alone" if self.children else "it calls no child"

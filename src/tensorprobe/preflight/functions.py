@@ -95,6 +95,8 @@ def record_random(model: nn.Module, *inputs: Any) -> tuple[nn.Module, list[str]]
 
     The draws are taken from the global generator as it stands: seed it first to choose them.
     """
+    if getattr(model, "_tensorprobe_swaps", {}).get(torch.randn) is _replay:
+        return model, []            # already replays a recorded draw
     recorded: list[torch.Tensor] = []
     where: list[str] = []
 

@@ -12,7 +12,6 @@ a TTS engineer would otherwise write by hand: "Mel range: [-11.2, -0.1], std 2.3
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
