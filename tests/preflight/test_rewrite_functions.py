@@ -99,3 +99,44 @@ def test_fp16_accumulation_overflows_a_long_mean_that_plain_fp16_survives():
     assert not stress(Mean(), x, emulate="fp16").finding
     acc = stress(Mean(), x, emulate="fp16-accum")
     assert acc.finding and acc.origin.op.startswith("aten.mean")
+
+
+def test_fix_with_verify_records_the_draws_stabilises_the_norm_and_tvm_then_runs_the_fixed_model_clean():
+    pytest.importorskip("tvm")
+    from tensorprobe.preflight import preflight
+
+    from ..runtimes._export_models import NormConv, mean100_input
+
+    class NoisyNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = NormConv()
+
+        def forward(self, x):
+            return self.block(x + 1e-4 * torch.randn_like(x))    # a dither the output depends on
+
+    torch.manual_seed(0)
+    r = preflight(NoisyNorm(), mean100_input(), target="tvm", fix=True, verify=True)
+    assert [(x.rule, x.applied) for x in r.rewrite.rules] == [("record_random", True), ("stable_norm", True)]
+    assert r.rewrite.rules[0].moved_rel_err == 0.0
+    assert r.fixed_ok is True and "ran the fixed model with every value finite" in r.notes[-1]
+
+
+def test_stress_cli_int8_weights(tmp_path):
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    (tmp_path / "m.py").write_text(
+        "import torch\ndef build():\n    torch.manual_seed(0)\n    lin = torch.nn.Linear(512, 256, bias=False)\n"
+        "    torch.nn.init.uniform_(lin.weight, -1, 1)\n    return lin, (torch.randn(64, 512),)\n")
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "stress", f"{tmp_path / 'm.py'}:build", "--emulate",
+                        "int8-weights", "--json"], capture_output=True, text=True,
+                       cwd=pathlib.Path(__file__).resolve().parents[2])
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["stress"]["emulate"] == "int8-weights"
+    assert doc["stress"]["output_snr_db"] == pytest.approx(48.1, abs=1.0)
+    bad = subprocess.run([sys.executable, "-m", "tensorprobe", "stress", f"{tmp_path / 'm.py'}:build", "--emulate",
+                          "int4"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown emulation 'int4'" in bad.stderr and "Traceback" not in bad.stderr
