@@ -140,3 +140,55 @@ def test_stress_cli_int8_weights(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tensorprobe", "stress", f"{tmp_path / 'm.py'}:build", "--emulate",
                           "int4"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown emulation 'int4'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class IstftHead(torch.nn.Module):
+    """An iSTFTNet vocoder head (Kokoro's TorchSTFT): analysis of a source, a conv, magnitude and phase out."""
+
+    def __init__(self):
+        super().__init__()
+        from kokoro.istftnet import TorchSTFT
+
+        self.stft = TorchSTFT(filter_length=16, hop_length=4, win_length=16)
+        self.conv = torch.nn.Conv1d(18, 18, 3, padding=1)
+
+    def forward(self, source):
+        mag, phase = self.stft.transform(source)
+        x = self.conv(torch.cat([mag, torch.sin(phase)], dim=1))
+        return self.stft.inverse(torch.exp(x[:, :9]), torch.sin(x[:, 9:]))
+
+
+@pytest.mark.parametrize("runtime,package", [("tvm", "tvm"), ("executorch", "executorch")])
+def test_conv_stft_replaces_the_complex_stft_and_the_target_runs_it(runtime, package):
+    pytest.importorskip("kokoro")
+    pytest.importorskip(package)
+    from tensorprobe.preflight import preflight
+    from tensorprobe.preflight.stft import ConvSTFT
+    from tensorprobe.runtimes import get_runtime
+
+    torch.manual_seed(0)
+    head, x = IstftHead().eval(), torch.randn(1, 2000)
+    complex_ = [f for f in preflight(head, x, target=runtime, numbers=False).findings if f.kind == "complex"]
+    assert complex_ and all(f.rule == "conv_stft" and f.severity == "error" for f in complex_)
+    result = rewrite(head, x, rules=["conv_stft"])
+    (rule,) = result.rules
+    assert rule.applied and rule.changed == ("stft",) and rule.moved_rel_err < 1e-5
+    assert isinstance(result.model.stft, ConvSTFT)
+    assert not [f for f in preflight(result.model, x, target=runtime, numbers=False).findings if f.kind == "complex"]
+    out = get_runtime(runtime).run_module(result.model, (x,))
+    torch.testing.assert_close(torch.as_tensor(out[0]), head(x), rtol=1e-4, atol=1e-4 * float(head(x).abs().max()))
+
+
+def test_a_rewrite_is_not_proven_on_inputs_where_the_model_is_ill_conditioned():
+    """The Kokoro decoder with its source bias on and a silent source: the STFT of a constant has bins of
+    rounding-level magnitude whose phase feeds the network, so float32 and float64 disagree by ~76%."""
+    pytest.importorskip("kokoro")
+    from tensorprobe.examples import kokoro as K
+
+    (rule,) = rewrite(K.build_decoder(), *K.decoder_inputs(0.5), rules=["conv_stft"]).rules
+    assert not rule.applied and rule.model_rel_err > 0.01 and "cannot be proven" in rule.reason
+    quiet = K.build_decoder()
+    with torch.no_grad():
+        quiet.generator.m_source.l_linear.bias.zero_()     # a silent source is exactly zero: well-conditioned
+    (rule,) = rewrite(quiet, *K.decoder_inputs(0.5), rules=["conv_stft"]).rules
+    assert rule.applied and rule.moved_rel_err < 1e-5 and rule.model_rel_err < 1e-3

@@ -86,7 +86,7 @@ def stress_cmd(
 def rewrite_cmd(
     target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning (model, inputs)."),
     rules: str = typer.Option("stable_norm,fold_weight_norm", "--rules", help="Comma-separated rules: stable_norm, "
-                              "fold_weight_norm, guard_atan2, record_random."),
+                              "fold_weight_norm, guard_atan2, record_random, conv_stft."),
     rtol: float = typer.Option(1e-4, "--rtol", help="Largest output change a rule may make (relative; or no more "
                                "than twice the model's own float32 error)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Export the rewritten model here (torch.export, .pt2)."),

@@ -28,8 +28,8 @@ _OWN_DIR = os.path.dirname(os.path.dirname(__file__))
 FIXES = {
     "random_op": "replace the draw by a recorded buffer (tensorprobe rewrite --rules record_random) or a noise "
                  "input, or zero it when the output does not depend on it (-O random=zeros)",
-    "complex": "use a real-valued STFT/iSTFT made of convolutions (Kokoro's kokoro.custom_stft.CustomSTFT, "
-               "the disable_complex=True path)",
+    "complex": "use a real-valued STFT/iSTFT made of convolutions (tensorprobe rewrite --rules conv_stft for "
+               "iSTFTNet-style TorchSTFT modules; Kokoro's own disable_complex=True path)",
     "weight_norm": "fold the weight norm into plain weights (torch.nn.utils.remove_weight_norm, or "
                    "parametrize.remove_parametrizations)",
     "non_core_op": "rewrite it with Core ATen ops, or check that the target's backend has a kernel for it",
@@ -163,7 +163,7 @@ def _merge_complex(findings: list[Finding]) -> list[Finding]:
         ops = sorted({f.op.split(".")[1] for f in group if f.op})
         rest.append(Finding("complex", ERROR, f"complex tensors / FFT ({', '.join(ops)}): ExecuTorch, TVM and "
                             "Core ML have no complex dtype", module=module, source=source, op=group[0].op,
-                            count=sum(f.count for f in group), fix=FIXES["complex"]))
+                            count=sum(f.count for f in group), fix=FIXES["complex"], rule="conv_stft"))
     return rest
 
 
