@@ -48,7 +48,8 @@ def quiet_third_party() -> None:
 @contextmanager
 def native_stderr_silenced() -> Iterator[None]:
     """While `quiet_third_party()` is in force, send what native code writes to file descriptor 2 to a
-    temporary file (C++ LOG(WARNING) bypasses Python's logging). A no-op otherwise."""
+    temporary file (C++ LOG(WARNING) bypasses Python's logging). A no-op otherwise. If the block raises,
+    what native code wrote is passed on to stderr: it is what explains the error (a missing kernel)."""
     if not _quiet:
         yield
         return
@@ -56,9 +57,16 @@ def native_stderr_silenced() -> Iterator[None]:
     saved = os.dup(2)
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 2)
+        failed = False
         try:
             yield
+        except BaseException:
+            failed = True
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+            if failed:
+                sink.seek(0)
+                sys.stderr.write(sink.read().decode(errors="replace"))

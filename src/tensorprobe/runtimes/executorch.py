@@ -31,6 +31,7 @@ import torch
 
 from ..bundle import atomic_write_bytes
 from ..errors import InputError
+from ..logs import native_stderr_silenced
 from ..record import KIND_MODEL_OUTPUT, TAG_OPAQUE, TAG_RANDOM_REPLACED, short_op
 from .base import RuntimeAdapter, RuntimeTensor, Selection
 from .exported import (RANDOM_REWRITE, RANDOM_TO_ZEROS_OPS, TapInfo, check_equivalent, export_tapped,
@@ -113,8 +114,9 @@ class ExecuTorchAdapter(RuntimeAdapter):
             lower_to_pte(ep, pte, backend=options.get("backend", self.backend), etrecord=None)
             from executorch.runtime import Runtime
 
-            method = Runtime.get().load_program(str(pte)).load_method("forward")
-            return [_torch(t).numpy() for t in method.execute([_torch(x) for x in inputs])]
+            with native_stderr_silenced():
+                method = Runtime.get().load_program(str(pte)).load_method("forward")
+                return [_torch(t).numpy() for t in method.execute([_torch(x) for x in inputs])]
 
 
 class ExecuTorchXnnpackAdapter(ExecuTorchAdapter):
@@ -174,10 +176,12 @@ def run_pte(artifact: PteArtifact, inputs: list[torch.Tensor]) -> tuple[list[tor
     """Execute with ETDump + debug buffer; return (program outputs, Inspector events in execution order)."""
     from executorch.runtime import Runtime
 
-    program = Runtime.get().load_program(str(artifact.pte), enable_etdump=True,
-                                         debug_buffer_size=artifact.debug_buffer_size)
+    with native_stderr_silenced():     # cpuinfo's probing of /sys, printed when the runtime starts
+        program = Runtime.get().load_program(str(artifact.pte), enable_etdump=True,
+                                             debug_buffer_size=artifact.debug_buffer_size)
     try:
-        outputs = list(program.load_method("forward").execute(inputs))
+        with native_stderr_silenced():     # the thread pool's first start probes the CPU and says so
+            outputs = list(program.load_method("forward").execute(inputs))
     except Exception as e:
         raise InputError(f"ExecuTorch failed to run {artifact.pte.name}: {type(e).__name__}: {_first_line(e)}") from None
     with tempfile.TemporaryDirectory(prefix="tensorprobe-etdump-") as d:
