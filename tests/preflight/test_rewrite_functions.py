@@ -192,3 +192,22 @@ def test_a_rewrite_is_not_proven_on_inputs_where_the_model_is_ill_conditioned():
         quiet.generator.m_source.l_linear.bias.zero_()     # a silent source is exactly zero: well-conditioned
     (rule,) = rewrite(quiet, *K.decoder_inputs(0.5), rules=["conv_stft"]).rules
     assert rule.applied and rule.moved_rel_err < 1e-5 and rule.model_rel_err < 1e-3
+
+
+@pytest.mark.parametrize("runtime,package,says", [("tvm", "tvm", "TVM Relax cannot import ops rand"),
+                                                  ("executorch", "executorch", "not in Core ATen opset")])
+def test_import_check_hands_the_export_to_the_real_importer(runtime, package, says):
+    pytest.importorskip(package)
+    from tensorprobe.preflight import preflight
+
+    f0 = torch.full((1, 256), 220.0)
+    report = preflight(NoisySource(), f0, target=runtime, numbers=False)
+    (rejected,) = [f for f in report.findings if f.kind == "import_error"]
+    assert rejected.severity == "error" and says in rejected.message
+    assert any(f.kind == "random_op" and f.severity == "error" for f in report.findings)
+    fixed = rewrite(NoisySource(), f0, rules=["record_random"]).model
+    again = preflight(fixed, f0, target=runtime, numbers=False)
+    assert not [f for f in again.findings if f.severity != "info"]
+    assert f"import check: {runtime} takes the exported model" in again.notes
+    skipped = preflight(NoisySource(), f0, target=runtime, numbers=False, importer=False)
+    assert not [f for f in skipped.findings if f.kind == "import_error"]

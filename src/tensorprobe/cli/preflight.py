@@ -23,6 +23,8 @@ def preflight_cmd(
                                     help="executorch, tvm, onnx, coreml, mlx or fp16."),
     code: bool = typer.Option(True, "--code/--no-code", help="Export the model the target's way and lint it."),
     numbers: bool = typer.Option(True, "--numbers/--no-numbers", help="Run it once and lint its values."),
+    importer: bool = typer.Option(True, "--import/--no-import", help="Hand the export to the target's importer "
+                                  "where its runtime is installed (no compile, no run)."),
     verify: bool = typer.Option(False, "--verify", help="Run the target where it is installed (ONNX Runtime, "
                                 "ExecuTorch, TVM; float16 in PyTorch) and mark each prediction confirmed or not."),
     fix: bool = typer.Option(False, "--fix", help="Apply the rewrites the findings point to, each only if it "
@@ -40,7 +42,7 @@ def preflight_cmd(
         tgt = load_target(target)
         with progress(f"preflight of {target} for {port_target}", enabled=not json_out):
             report = preflight(tgt.model, *tgt.args, target=port_target, code=code, numbers=numbers, verify=verify,
-                               fix=fix)
+                               fix=fix, importer=importer)
         if out is not None:
             if report.rewrite is None:
                 raise InputError("-o needs --fix and a finding with a rewrite rule")

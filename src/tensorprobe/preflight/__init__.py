@@ -27,13 +27,16 @@ from .numbers import lint_numbers
 
 
 def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", code: bool = True,
-              numbers: bool = True, verify: bool = False, fix: bool = False) -> PreflightReport:
+              numbers: bool = True, verify: bool = False, fix: bool = False, importer: bool = True) -> PreflightReport:
     """Predict what breaks when `model` is ported to `target` (one of `TARGETS`).
 
     Args:
         model, inputs: the PyTorch model and representative inputs (the numbers lint runs on them).
         target: executorch, tvm, onnx, coreml, mlx or fp16.
         code, numbers: run the code lint (an export) and the numbers lint (one forward).
+        importer: with `code`, hand the export to the target's importer or lowering where its runtime is
+            installed (TVM's Relax importer, ExecuTorch's `to_edge`, an ONNX Runtime session), without
+            compiling or running it; what it rejects is an `import_error` finding.
         verify: run the target where it is installed and mark each numerical prediction confirmed or not
             (`Finding.confirmed`, `Finding.observed`).
         fix: apply the rewrite rules the findings point to (`Finding.rule`), each kept only if it proves
@@ -49,12 +52,13 @@ def preflight(model: torch.nn.Module, *inputs: Any, target: str = "executorch", 
     model = model.eval()
     findings: list[Finding] = []
     exported = None
+    import_note = None
     if code:
-        found, exported = lint_code(model, inputs, t)
+        found, exported, import_note = lint_code(model, inputs, t, importer=importer)
         findings += found
     if numbers:
         findings += lint_numbers(model, inputs, t)
-    notes = [t.note] if t.note else []
+    notes = ([t.note] if t.note else []) + ([import_note] if import_note else [])
     if verify:
         from .verify import verify as run_target
 

@@ -40,8 +40,10 @@ FIXES = {
 }
 
 
-def lint_code(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[list[Finding], bool | None]:
-    """Findings from exporting `model` for `target`, and whether the export went through."""
+def lint_code(model: torch.nn.Module, inputs: tuple, target: Target, *,
+              importer: bool = True) -> tuple[list[Finding], bool | None, str | None]:
+    """Findings from exporting `model` for `target`, whether the export went through, and a note on the
+    import check (`importer`: hand the export to the target's importer where its runtime is installed)."""
     findings = _weight_norms(model)
     if target.exporter == "torch.export":
         found, ok = _torch_export(model, inputs, target)
@@ -51,7 +53,25 @@ def lint_code(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[li
         found, ok = _onnx_export(model, inputs)
     else:
         found, ok = [], None
-    return findings + found, ok
+    note = None
+    if ok and importer and target.runtime:
+        found_import, note = _import_check(model, inputs, target)
+        found += found_import
+    return findings + found, ok, note
+
+
+def _import_check(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[list[Finding], str]:
+    from ..runtimes import get_runtime
+
+    adapter = get_runtime(target.runtime)
+    if not adapter.available() or not adapter.can_check_import():
+        return [], f"import check: {adapter.package} is not installed"
+    error = adapter.import_error(model, inputs)
+    if error is None:
+        return [], f"import check: {target.runtime} takes the exported model"
+    return [Finding("import_error", ERROR, f"{target.runtime} rejects the exported model: {error}",
+                    fix="see the error; the findings above name the rewrites for what it usually rejects")], \
+        f"import check: {target.runtime} rejects the exported model"
 
 
 def _torch_export(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[list[Finding], bool]:

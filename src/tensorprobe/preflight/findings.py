@@ -27,13 +27,16 @@ class Target:
     one_pass_variance: bool | None
     dtype: str = "float32"
     note: str = ""
-    random_ops: bool = True      # its importer takes random ops (TVM 0.27's Relax importer does not)
+    random_ops: bool = True      # its importer takes random ops (TVM 0.27's Relax importer and ExecuTorch
+                                 # 1.5.1's to_edge do not: measured by the import check)
+    runtime: str | None = None   # the tensorprobe runtime that runs it (--verify, the import check)
 
 
 TARGETS: dict[str, Target] = {
-    "executorch": Target("executorch", "torch.export", True, note="ExecuTorch 1.5.1 portable kernels"),
-    "tvm": Target("tvm", "torch.export", True, note="TVM 0.27 Relax, llvm", random_ops=False),
-    "onnx": Target("onnx", "torch.onnx", False, note="ONNX Runtime 1.32, CPU"),
+    "executorch": Target("executorch", "torch.export", True, note="ExecuTorch 1.5.1 portable kernels",
+                         random_ops=False, runtime="executorch"),    # to_edge: randn_like is not Core ATen
+    "tvm": Target("tvm", "torch.export", True, note="TVM 0.27 Relax, llvm", random_ops=False, runtime="tvm"),
+    "onnx": Target("onnx", "torch.onnx", False, note="ONNX Runtime 1.32, CPU", runtime="onnxruntime"),
     "coreml": Target("coreml", "torch.export", None, "float16", note="Core ML computes in float16 on GPU/ANE"),
     "mlx": Target("mlx", None, None, note="a hand-written MLX port: only the numbers are checked"),
     "fp16": Target("fp16", None, False, "float16", note="the PyTorch model run in float16"),
@@ -51,7 +54,7 @@ def get_target(name: str) -> Target:
 class Finding:
     """One predicted problem: where (module path, source line), what, the evidence and the fix."""
 
-    kind: str                     # non_core_op, random_op, complex, export_error, weight_norm, constant, one_pass_variance, overflow
+    kind: str                     # docs/json-preflight.md lists them: non_core_op, random_op, complex, export_error, …
     severity: str                 # error: will break on the target; warning: may; info: worth knowing
     message: str
     module: str = ""

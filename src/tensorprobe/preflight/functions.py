@@ -102,7 +102,9 @@ def record_random(model: nn.Module, *inputs: Any) -> tuple[nn.Module, list[str]]
 
     def record(call, func, args, kwargs):
         out = func(*args, **kwargs)
-        recorded.append(out.detach().clone())
+        # contiguous: a draw shaped like a transposed tensor keeps its strides, and ExecuTorch cannot
+        # lower a constant whose dim order is not a memory format ([0, 2, 1] in Kokoro's source)
+        recorded.append(out.detach().clone(memory_format=torch.contiguous_format))
         where.append(getattr(func, "__name__", str(func)))
         return out
 

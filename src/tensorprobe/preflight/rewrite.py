@@ -14,7 +14,7 @@ near-constant channels amplifies float32 rounding 100,000-fold): there no float3
 with another to 1e-4, and "as accurate as before" is the equivalence that can be proven. It stops at a
 model whose own error passes `ILL_CONDITIONED` (1%): there nothing but identical outputs proves anything.
 A rule that fails is reported and not applied. A rule is a name
-from `RULES` or any function `(model, *inputs) -> (model, changed paths)`.
+from `RULES` or any function `(model, *inputs) -> (model, changed paths)` (or `model -> …`).
 
 Every run (and every rule, which may record random draws) starts from the same seed, so a model with
 random ops is compared with itself on one draw.
@@ -248,7 +248,7 @@ def clone_module(model: nn.Module) -> nn.Module:
 
 def _resolve(rule: str | Rule) -> tuple[str, Rule]:
     if callable(rule):
-        return getattr(rule, "__name__", "rule"), rule
+        return getattr(rule, "__name__", "rule"), _with_inputs(rule)
     if rule not in RULES:
         raise InputError(f"unknown rewrite rule {rule!r}; known rules: {', '.join(RULES)}")
     return rule, RULES[rule]
@@ -260,6 +260,19 @@ def seeded() -> Iterator[None]:
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
         torch.manual_seed(SEED)
         yield
+
+
+def _with_inputs(rule: Rule) -> Rule:
+    """A user's rule may take the model alone (`model -> (model, changed)`) or the inputs too."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(rule).parameters.values())
+    except (TypeError, ValueError):
+        return rule
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(params) > 1:
+        return rule
+    return lambda model, *inputs: rule(model)
 
 
 def _outputs(model: nn.Module, inputs: tuple) -> list[torch.Tensor]:

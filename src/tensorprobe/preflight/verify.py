@@ -19,7 +19,6 @@ from ..errors import InputError, TensorprobeError
 from .findings import Finding, Target
 from .rewrite import clone_module
 
-RUNTIME_OF = {"onnx": "onnxruntime", "executorch": "executorch", "tvm": "tvm"}
 PREDICTIONS = ("one_pass_variance", "overflow", "near_zero")
 
 
@@ -28,7 +27,7 @@ def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list
     what ran."""
     if target.name == "fp16":
         return _verify_half(model, inputs, findings)
-    runtime = RUNTIME_OF.get(target.name)
+    runtime = target.runtime
     if runtime is None:
         return findings, f"--verify: no runtime to run {target.name} here"
     from ..runtimes import get_runtime
@@ -47,7 +46,7 @@ def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list
 
 def verify_fixed(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[bool | None, str]:
     """Run the target on the model `--fix` made: (True when every value it records is finite, a note)."""
-    runtime = RUNTIME_OF.get(target.name)
+    runtime = target.runtime
     if target.name == "fp16":
         from ..nan.live import find_first_nonfinite
 

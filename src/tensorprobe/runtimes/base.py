@@ -173,6 +173,16 @@ class RuntimeAdapter:
         `components.isolate_components` needs to tell which component breaks. Optional."""
         raise NotImplementedError(f"runtime {self.name!r} cannot run one module alone (no run_module)")
 
+    def import_error(self, model: torch.nn.Module, inputs: tuple) -> str | None:
+        """Export `model` and hand it to this runtime's importer (or lowering), without compiling or running
+        it: the importer's error, or None when it takes the model. What `preflight` reports as
+        `import_error`. Optional."""
+        raise NotImplementedError(f"runtime {self.name!r} has no import check")
+
+    @classmethod
+    def can_check_import(cls) -> bool:
+        return cls.import_error is not RuntimeAdapter.import_error
+
     @classmethod
     def can_run_modules(cls) -> bool:
         """True when this runtime implements `run_module` (per-component isolation works with it)."""

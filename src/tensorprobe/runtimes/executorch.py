@@ -105,6 +105,18 @@ class ExecuTorchAdapter(RuntimeAdapter):
 
         return {"name": self.name, "version": version.__version__, "backend": self.backend}
 
+    def import_error(self, model: torch.nn.Module, inputs: tuple) -> str | None:
+        """What ExecuTorch's lowering (`to_edge_transform_and_lower`, `to_executorch`) says of `model` (None:
+        it lowers), without running it."""
+        self.require()
+        try:
+            ep, _ = export_tapped(model.eval(), inputs, taps=False)
+            with tempfile.TemporaryDirectory(prefix="tensorprobe-et-") as d:
+                lower_to_pte(ep, Path(d) / "m.pte", backend=self.backend, etrecord=None)
+        except InputError as e:
+            return str(e)
+        return None
+
     def run_module(self, module: torch.nn.Module, inputs: tuple, **options: Any) -> list[np.ndarray]:
         """Lower `module` alone, run it, return its outputs (for `components.isolate_components`)."""
         self.require()

@@ -101,6 +101,11 @@ class TvmAdapter(RuntimeAdapter):
 
         return {"name": self.name, "version": tvm.__version__, "target": "llvm"}
 
+    def import_error(self, model: torch.nn.Module, inputs: tuple) -> str | None:
+        """What TVM's Relax importer says of `model` (None: it imports), without compiling it."""
+        self.require()
+        return _import_error(model, inputs)
+
     def run_module(self, module: torch.nn.Module, inputs: tuple, **options: Any) -> list[np.ndarray]:
         """Compile `module` alone and return its outputs (for `components.isolate_components`)."""
         import tvm
@@ -114,11 +119,10 @@ class TvmAdapter(RuntimeAdapter):
         return [t.numpy() for t in _flatten_tvm(vm["main"](*[tvm.runtime.tensor(_np(x)) for x in inputs]))]
 
 
-def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str = "keep",
-                    n_outputs: int | None = None) -> tuple[Any, dict, tuple[int, ...]]:
-    """Rewrite, import and compile an ExportedProgram for `target`. Returns (executable, rewrite counts,
-    indices of the taps that the random->zeros rewrite changed)."""
-    import tvm
+def import_program(ep: Any, inputs: tuple, *, random: str = "keep",
+                   n_outputs: int | None = None) -> tuple[Any, dict, tuple[int, ...]]:
+    """Rewrite an ExportedProgram and import it into Relax. Returns (IRModule, rewrite counts, indices of the
+    taps that the random->zeros rewrite changed); InputError with the importer's complaint."""
     from tvm.relax.frontend.torch import from_exported_program
 
     rewritten, counts = rewrite_for_import(ep, random=random)
@@ -127,9 +131,27 @@ def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str
     if missing:
         raise InputError(unsupported_ops_message("TVM Relax", missing, counts))
     try:
-        mod = from_exported_program(rewritten, run_ep_decomposition=False)
+        return from_exported_program(rewritten, run_ep_decomposition=False), counts, changed
     except Exception as e:  # the importer raises TypeError/AssertionError/TVMError with the op in the text
         raise InputError(f"TVM Relax could not import the graph: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _import_error(model: torch.nn.Module, inputs: tuple) -> str | None:
+    try:
+        ep, _ = export_tapped(model.eval(), inputs, taps=False)
+        import_program(ep, inputs)
+    except InputError as e:
+        return str(e)
+    return None
+
+
+def compile_program(ep: Any, inputs: tuple, *, target: str = "llvm", random: str = "keep",
+                    n_outputs: int | None = None) -> tuple[Any, dict, tuple[int, ...]]:
+    """Rewrite, import and compile an ExportedProgram for `target`. Returns (executable, rewrite counts,
+    indices of the taps that the random->zeros rewrite changed)."""
+    import tvm
+
+    mod, counts, changed = import_program(ep, inputs, random=random, n_outputs=n_outputs)
     try:
         with native_stderr_silenced():
             return tvm.compile(mod, target=target), counts, changed

@@ -62,6 +62,25 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         export_onnx(model, inputs, path, exporter=exporter, opset=opset)
         return self._load(path, rules=rules, exporter=exporter, max_bytes=max_bytes, threads=threads)
 
+    def import_error(self, model: torch.nn.Module, inputs: tuple) -> str | None:
+        """Export `model` to ONNX and open an ONNX Runtime session on it (None: it opens), without running it."""
+        import tempfile
+
+        import onnx
+
+        self.require()
+        with tempfile.TemporaryDirectory(prefix="tensorprobe-ort-") as d:
+            path = Path(d) / "model.onnx"
+            try:
+                export_onnx(model, inputs, path)
+            except Exception as e:  # the exporter's own failure is preflight's export_error
+                return f"torch.onnx.export failed: {type(e).__name__}: {_one_line(e)}"
+            try:
+                make_session(onnx.load(str(path)))
+            except Exception as e:  # onnxruntime's Fail/NotImplemented/InvalidGraph
+                return f"ONNX Runtime could not open the model: {type(e).__name__}: {_one_line(e)}"
+        return None
+
     def _load(self, path: Path, *, rules: Any = None, exporter: str | None = None,
               max_bytes: int | None = None, threads: int | None = None) -> OnnxArtifact:
         import onnx
