@@ -36,6 +36,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "rng": (".rng", None),
     "preflight": (".preflight", "preflight"), "PreflightReport": (".preflight", "PreflightReport"),
     "stress": (".preflight.stress", "stress"), "rewrite": (".preflight.rewrite", "rewrite"),
+    "sweep": (".sweep", "sweep"), "Sweep": (".sweep", "Sweep"),
 }
 
 
@@ -64,5 +65,5 @@ __all__ = [
     "Record", "RuntimeUnavailable", "TargetError", "TensorStats", "TensorprobeError", "capture",
     "compute_stats", "find_first_nonfinite", "find_nonfinite_in_bundle", "open_bundle",
     "DiffReport", "diff", "IsolateReport", "isolate", "CompareResult", "compare", "rng", "preflight",
-    "PreflightReport", "rewrite", "stress",
+    "PreflightReport", "rewrite", "stress", "sweep", "Sweep",
 ]

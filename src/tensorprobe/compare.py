@@ -62,7 +62,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             out: str | os.PathLike | None = None, min_snr: float | None = None, min_corr: float | None = None,
             atol: float | None = None, rtol: float | None = None, rules: Any = None,
             artifact: str | os.PathLike | None = None, runtime_options: dict[str, Any] | None = None,
-            progress: Callable[[str], None] | None = None) -> CompareResult:
+            progress: Callable[[str], None] | None = None, prepared: Any = None) -> CompareResult:
     """Capture `model` in PyTorch and in `runtime`, diff them, find the first NaN on each side.
 
     Args:
@@ -74,6 +74,8 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         artifact: an already exported artifact of `model` (e.g. `model.onnx`) to run instead of exporting;
             its inputs are `inputs` in graph-input order.
         runtime_options: passed to the runtime's `capture` (e.g. `{"exporter": "legacy"}`).
+        prepared: an artifact from `get_runtime(runtime).prepare(model, inputs, workdir)`, run instead of
+            exporting again (a sweep prepares once per worker and input shape).
         progress: called with a short description of each stage.
 
     Returns:
@@ -100,7 +102,9 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         ref = capture(model, *inputs, level="module", keep="full", out=root / "ref")
         step(f"capturing in {runtime}")
         opts = runtime_options or {}
-        if artifact is not None:
+        if prepared is not None:
+            cand = adapter.capture_prepared(prepared, inputs, out=root / runtime, keep="full")
+        elif artifact is not None:
             cand = adapter.capture_artifact(artifact, inputs, out=root / runtime, keep="full", **opts)
         else:
             cand = adapter.capture(model, inputs, out=root / runtime, keep="full", **opts)

@@ -45,6 +45,11 @@ def quiet_third_party() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def is_quiet() -> bool:
+    """True once `quiet_third_party()` has run (the CLI without --verbose)."""
+    return _quiet
+
+
 @contextmanager
 def native_stderr_silenced() -> Iterator[None]:
     """While `quiet_third_party()` is in force, send what native code writes to file descriptor 2 to a

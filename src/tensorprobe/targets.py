@@ -42,6 +42,11 @@ class Target:
 
 def load_target(spec: str) -> Target:
     """Import `spec` (`file.py:factory` or `pkg.module:factory`), call the factory, check what it returns."""
+    return _check_result(spec, call_factory(spec))
+
+
+def call_factory(spec: str) -> Any:
+    """Import `spec` (`file.py:factory` or `pkg.module:factory`) and return what its factory returns."""
     if ":" not in spec:
         raise TargetError(f"TARGET {spec!r} must look like path/to/file.py:factory or package.module:factory")
     where, _, attr = spec.rpartition(":")
@@ -51,12 +56,11 @@ def load_target(spec: str) -> Target:
     if not callable(factory):
         raise TargetError(f"TARGET {spec!r}: {attr!r} is not callable")
     try:
-        result = factory()
+        return factory()
     except TensorprobeError:
         raise
     except Exception as e:
         raise TargetError(f"TARGET {spec!r}: the factory raised {type(e).__name__}: {e}") from None
-    return _check_result(spec, result)
 
 
 def _import(where: str, spec: str):

@@ -139,6 +139,21 @@ class RuntimeAdapter:
             return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
                                           exclude=exclude, model_info={"class": type(model).__name__})
 
+    def prepare(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor], workdir: str | os.PathLike,
+                **options: Any) -> Any:
+        """Export and load `model` once (files in `workdir`, which must outlive the artifact): the handle
+        `capture_prepared` runs on any inputs of the same shapes. A sweep prepares once per worker."""
+        self.require()
+        self.check_options(options)
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+        return self._prepare(model, tuple(inputs), Path(workdir), **options)
+
+    def capture_prepared(self, artifact: Any, inputs: Sequence[Any], out: str | os.PathLike, *,
+                         keep: str = "full", include: str | None = None, exclude: str | None = None) -> Bundle:
+        """Run an artifact from `prepare` on `inputs` and capture its intermediates."""
+        return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include, exclude=exclude,
+                                      model_info={"prepared": True})
+
     def capture_artifact(self, path: str | os.PathLike, inputs: Sequence[Any] | dict[str, Any],
                          out: str | os.PathLike, *, keep: str = "full", include: str | None = None,
                          exclude: str | None = None, **options: Any) -> Bundle:

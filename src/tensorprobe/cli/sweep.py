@@ -1,0 +1,83 @@
+"""`tensorprobe sweep SWEEP_TARGET -o RESULTS`: a port over a corpus, on a local pool, Ray or Dask.
+
+Exit codes: 0 every item matches, 1 an item has a finding (divergence, NaN, bad audio) or failed to run,
+2 bad input. JSON schema: docs/json-sweep.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
+from ._common import JsonOption, app, console, emit_json, fail, parse_options
+
+
+@app.command("sweep")
+def sweep_cmd(
+    target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning a "
+                                 "tensorprobe.sweep.Sweep (or (model, items))."),
+    out: Path = typer.Option(..., "-o", "--out", help="RESULTS directory (reused to resume)."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", "-r", help="Candidate runtime (default: the "
+                                          "factory's, else onnxruntime)."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Worker processes (default: cores)."),
+    engine: str = typer.Option("local", "--engine", help="local, ray or dask."),
+    address: Optional[str] = typer.Option(None, "--address", "--scheduler", help="Ray address (auto, "
+                                          "ray://HOST:PORT) or Dask scheduler (tcp://HOST:PORT); default: a "
+                                          "local cluster of --workers."),
+    option: list[str] = typer.Option([], "-O", "--option", metavar="KEY=VALUE", help="Runtime option, repeatable."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Run at most this many items not yet done."),
+    json_out: bool = JsonOption,
+) -> None:
+    """Run every item of SWEEP_TARGET through reference and candidate (what `compare` runs), write one JSON
+    line per item to RESULTS/items.jsonl as it finishes, and summarize: worst items, NaN origins, the layers
+    that diverge first most often. A rerun skips the items done."""
+    from ..report.sweep import render_sweep
+    from ..sweep import ENGINES, sweep
+
+    if engine not in ENGINES:
+        fail(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    try:
+        options = parse_options(option)
+        with _progress_bar(enabled=not json_out and sys.stderr.isatty()) as on_item:
+            summary = sweep(target, out, runtime=runtime, workers=workers, engine=engine, address=address,
+                            options=options, limit=limit, on_item=on_item)
+    except TensorprobeError as e:
+        fail(str(e))
+    if json_out:
+        emit_json("sweep", "finding" if summary.finding else "ok", {"sweep": summary.to_dict(), "out": str(out)})
+    else:
+        render_sweep(console, summary, out)
+    raise typer.Exit(EXIT_FINDING if summary.finding else EXIT_OK)
+
+
+class _progress_bar:
+    """A rich progress bar with ETA on a terminal (stderr); nothing otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                            TextColumn("{task.description}"), console=Console(stderr=True), transient=True)
+        self.bar.start()
+        self.task = None
+        return self._update
+
+    def _update(self, record, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.bar.add_task("", total=total)
+        self.bar.update(self.task, completed=done, description=str(record.get("item", "")))
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()

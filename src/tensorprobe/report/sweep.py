@@ -1,0 +1,93 @@
+"""The sweep report: a terminal summary and a self-contained HTML page (distribution plots, a sortable table
+of items, links to the kept bundles of failing items)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..sweep.results import SweepSummary, _value
+
+
+def render_sweep(console: Console, summary: SweepSummary, out: str | os.PathLike) -> None:
+    style = "bold red" if summary.finding else "bold green"
+    console.print(f"[{style}]{escape(summary.headline())}[/]")
+    if summary.first_divergence:
+        table = Table(title="most frequent first divergence", show_edge=False, title_justify="left")
+        table.add_column("items", justify="right")
+        table.add_column("layer")
+        for layer, n in summary.first_divergence[:8]:
+            table.add_row(str(n), escape(layer))
+        console.print(table)
+    if summary.worst_snr:
+        table = Table(title="worst items by output SNR", show_edge=False, title_justify="left")
+        for col in ("item", "SNR dB", "verdict", "first divergence"):
+            table.add_column(col)
+        for w in summary.worst_snr[:8]:
+            table.add_row(escape(w["item"]), _show(w["output_snr_db"]), str(w["verdict"]),
+                          escape(w["first_divergence"] or ""))
+        console.print(table)
+    for e in summary.errors[:5]:
+        console.print(f"[magenta]failed[/] {escape(e['item'])}: {escape(str(e['error']))}")
+    console.print(f"results: {out}/items.jsonl, {out}/summary.json, {out}/report.html")
+
+
+def write_sweep_html(path: str | os.PathLike, summary: SweepSummary, records: list[dict[str, Any]],
+                     target: str) -> Path:
+    import jinja2
+
+    path = Path(path)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tensorprobe.report", "templates"),
+                             autoescape=jinja2.select_autoescape(["html"]))
+
+    def rel(p: str) -> str:
+        return os.path.relpath(p, path.parent)
+
+    html = env.get_template("sweep.html").render(s=summary, records=records, target=target, plots=_plots(records),
+                                                 num=_num_attr, show=_show, rel=rel)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _plots(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    from .plots import figure_to_data_uri, new_figure
+
+    snr = [_value(r.get("output_snr_db")) for r in records if r.get("status") == "done"]
+    snr = [min(v, 200.0) for v in snr if v is not None and not math.isnan(v) and v > -math.inf]
+    out = []
+    if snr:
+        fig, ax = new_figure(5.2, 3.0)
+        ax.hist(snr, bins=min(40, max(5, len(snr) // 3)), color="#4c72b0")
+        ax.set_xlabel("output SNR (dB; identical outputs at 200)")
+        ax.set_ylabel("items")
+        out.append(("output SNR distribution", figure_to_data_uri(fig)))
+    secs = [float(r.get("seconds", 0.0)) for r in records]
+    if secs:
+        fig, ax = new_figure(5.2, 3.0)
+        ax.hist(secs, bins=min(40, max(5, len(secs) // 3)), color="#55a868")
+        ax.set_xlabel("seconds per item")
+        ax.set_ylabel("items")
+        out.append(("time per item", figure_to_data_uri(fig)))
+    return out
+
+
+def _num_attr(v: Any) -> str:
+    x = _value(v)
+    return "" if x is None or math.isnan(x) else ("1e308" if x == math.inf else ("-1e308" if x == -math.inf else repr(x)))
+
+
+def _show(v: Any, digits: int = 1) -> str:
+    x = _value(v)
+    if x is None:
+        return "–"
+    if isinstance(v, str):
+        return v
+    return f"{x:.{digits}f}"

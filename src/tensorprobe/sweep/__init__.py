@@ -1,0 +1,81 @@
+"""Sweep a port over a corpus: every item through what `compare` runs, the worst items and the layers that fail
+most often, on a local process pool, a Ray cluster or a Dask cluster.
+
+    # my_sweep.py
+    from tensorprobe.sweep import Sweep
+    def build():
+        items = {f"utt{i:03d}": make_inputs(seed=i) for i in range(500)}
+        return Sweep(MyDecoder().eval(), items, candidate="onnxruntime", sample_rate=24000)
+
+    >>> import tensorprobe as tp
+    >>> summary = tp.sweep("my_sweep.py:build", "results", workers=2)          # doctest: +SKIP
+    >>> summary.first_divergence[0]                                            # doctest: +SKIP
+    ('generator.noise_res.1.adain1.0.norm', 37)
+
+RESULTS holds `items.jsonl` (one line per item as it finishes; a rerun skips the items done and retries
+the ones that failed), `summary.json`, `report.html`, and `bundles/<item>/` for the items with a finding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from .engines import ENGINES, MAX_ATTEMPTS, default_workers, run_items
+from .results import ResultStore, SweepSummary, summarize
+from .spec import Sweep, TargetSource
+
+
+def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, workers: int | None = None,
+          engine: str = "local", address: str | None = None, options: dict[str, Any] | None = None,
+          limit: int | None = None, on_item: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepSummary:
+    """Run SWEEP_TARGET's items through reference and candidate; write RESULTS; return the aggregate.
+
+    Args:
+        target: `file.py:factory` or `package.module:factory` returning a `Sweep` (or `(model, items)`).
+        out: the RESULTS directory (created; reused to resume).
+        runtime: the candidate runtime, overriding the factory's (default ONNX Runtime).
+        workers: worker processes (default: the number of cores).
+        engine: local, ray or dask; `address`: the Ray address (`auto`, `ray://HOST:PORT`) or the Dask
+            scheduler (`tcp://HOST:PORT`); without it a local Ray or Dask cluster of `workers` is started.
+        options: runtime options (`-O`).
+        limit: run at most this many of the items not yet done.
+        on_item: called with (record, finished so far, to run) as each item finishes (progress).
+    """
+    from ..logs import quiet_third_party
+
+    quiet_third_party()
+    source = TargetSource.of(target)
+    store = ResultStore(out)
+    names = source.load().names
+    done = store.done()
+    todo = [n for n in names if n not in done]
+    if limit is not None:
+        todo = todo[:limit]
+    for i, record in enumerate(run_items(engine, todo, source, runtime, str(store.bundles), options or {},
+                                         workers or default_workers(), address), start=1):
+        store.append(record)
+        if on_item is not None:
+            on_item(record, i, len(todo))
+    latest = store.read()
+    summary = summarize(latest[n] for n in names if n in latest)
+    _write_json(store.root / "summary.json", summary.to_dict())
+    from ..report.sweep import write_sweep_html
+
+    write_sweep_html(store.root / "report.html", summary, [latest[n] for n in names if n in latest], target)
+    return summary
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str))
+    os.replace(tmp, path)
+
+
+from .._api import make_callable  # noqa: E402
+
+make_callable(__name__, sweep)  # `tp.sweep(...)` calls it; `tensorprobe.sweep.<submodule>` still imports
+
+__all__ = ["ENGINES", "MAX_ATTEMPTS", "ResultStore", "Sweep", "SweepSummary", "TargetSource", "summarize", "sweep"]

@@ -1,0 +1,161 @@
+"""One sweep item: what `compare` runs (or a capture of both models, for a PyTorch candidate), reduced to one
+JSON line. A `SweepWorker` holds the models, built once per worker process, and the runtime artifacts,
+prepared once per input shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .spec import Sweep, TargetSource
+
+STATUS_DONE, STATUS_FAILED = "done", "failed"
+
+
+class SweepWorker:
+    """The state of one worker: the sweep (models and items) and the prepared runtime artifacts."""
+
+    def __init__(self, source: TargetSource, runtime: str | None, keep_dir: str, options: dict[str, Any] | None = None):
+        from ..logs import quiet_third_party
+
+        quiet_third_party()
+        self.sweep: Sweep = source.load()
+        self.sweep.reference.eval()
+        cand = self.sweep.candidate if self.sweep.candidate is not None else (runtime or "onnxruntime")
+        if runtime is not None and not hasattr(cand, "forward"):
+            cand = runtime                          # --runtime overrides the factory's runtime name
+        self.candidate = cand.eval() if hasattr(cand, "forward") else cand
+        self.options = {**self.sweep.runtime_options, **(options or {})}
+        self.keep_dir = Path(keep_dir)
+        self._prepared: dict[tuple, Any] = {}
+        self._workdir = tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-artifacts-")
+
+    @property
+    def candidate_name(self) -> str:
+        return self.candidate if isinstance(self.candidate, str) else type(self.candidate).__name__
+
+    def run(self, name: str) -> dict[str, Any]:
+        """Run item `name`; never raises (an error is the item's result)."""
+        start = time.perf_counter()
+        try:
+            record = self._run(name)
+            record["status"] = STATUS_DONE
+        except Exception as e:  # noqa: BLE001 - one item's failure is a result, not the sweep's end
+            record = {"item": name, "status": STATUS_FAILED, "error": f"{type(e).__name__}: {e}",
+                      "traceback": traceback.format_exc(limit=4)}
+        record["seconds"] = round(time.perf_counter() - start, 4)
+        return record
+
+    def _run(self, name: str) -> dict[str, Any]:
+        inputs = self.sweep.inputs_of(name)
+        with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-item-") as d:
+            root = Path(d)
+            report, ref_nan, cand_nan, ref_path, cand_path = self._compare(inputs, root)
+            record = _record(name, report, ref_nan, cand_nan)
+            if self.sweep.sample_rate:
+                record["audio"] = _audio(report, ref_path, cand_path, self.sweep.sample_rate)
+            failing = record["finding"] or (record.get("audio") or {}).get("finding", False)
+            record["bundle"] = None
+            if failing:
+                kept = self.keep_dir / _safe(name)
+                if kept.exists():
+                    shutil.rmtree(kept)
+                shutil.move(str(root), str(kept))
+                Path(d).mkdir()        # the TemporaryDirectory removes what is there on exit
+                record["bundle"] = str(kept)
+        return record
+
+    def _compare(self, inputs: tuple, root: Path) -> tuple[Any, Any, Any, Path, Path]:
+        from ..capture import capture
+        from ..compare import compare
+        from ..diff import diff
+        from ..nan import find_nonfinite_in_bundle
+
+        if isinstance(self.candidate, str):
+            res = compare(self.sweep.reference, inputs, self.candidate, out=root,
+                          prepared=self._prepared_for(inputs))
+            return res.diff, res.ref_nan, res.cand_nan if res.cand_nan_escapes else _clean(), \
+                Path(res.ref_bundle), Path(res.cand_bundle)
+        ref = capture(self.sweep.reference, *inputs, level="module", keep="full", out=root / "ref")
+        cand = capture(self.candidate, *inputs, level="module", keep="full", out=root / "cand")
+        return diff(ref, cand), find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand), ref.path, cand.path
+
+    def _prepared_for(self, inputs: tuple) -> Any:
+        from ..runtimes import get_runtime
+
+        key = tuple(tuple(t.shape) if hasattr(t, "shape") else repr(t) for t in inputs)
+        if key not in self._prepared:
+            adapter = get_runtime(self.candidate)
+            where = Path(self._workdir.name) / str(len(self._prepared))
+            self._prepared[key] = adapter.prepare(self.sweep.reference, inputs, where, **self.options)
+        return self._prepared[key]
+
+
+def _clean() -> Any:
+    from ..nan import NanOrigin
+
+    return NanOrigin(found=False)
+
+
+def _record(name: str, report: Any, ref_nan: Any, cand_nan: Any) -> dict[str, Any]:
+    out = report.get(report.output) if report.output else None
+    metrics = out.metrics if out is not None else {}
+    amp = report.strongest_amplifier
+    verdict = report.verdict
+    return {
+        "item": name, "verdict": verdict,
+        "finding": verdict == "diverged" or (cand_nan.found and not ref_nan.found),
+        "first_divergence": report.first_divergence if verdict == "diverged" else None,
+        "output": report.output,
+        "output_snr_db": _num(metrics.get("snr_db")), "output_corr": _num(metrics.get("pearson")),
+        "ref_nan": _origin(ref_nan), "cand_nan": _origin(cand_nan),
+        "strongest_amplifier": amp.name if amp is not None else None,
+        "records_compared": len(report.pairs),
+    }
+
+
+def _origin(o: Any) -> dict[str, Any] | None:
+    if not o.found:
+        return None
+    return {"record": o.record, "op": o.op, "module": o.module, "cause": o.cause}
+
+
+def _audio(report: Any, ref_path: Path, cand_path: Path, sample_rate: float) -> dict[str, Any] | None:
+    from .. import audio
+    from ..bundle import Bundle
+
+    if not report.output:
+        return None
+    ref_b, cand_b = Bundle.open(ref_path), Bundle.open(cand_path)
+    names = {r.name for r in cand_b.records}
+    if report.output not in names or not ref_b.get(report.output) or not ref_b.get(report.output).has_tensor:
+        return None
+    ref, cand = ref_b.numpy(report.output).squeeze(), cand_b.numpy(report.output).squeeze()
+    if ref.ndim != 1:
+        return None
+    check = audio.check(cand, sample_rate, source="candidate output")
+    d = audio.diff(ref, cand, sample_rate)
+    return {"check": check.status, "problems": [v.check for v in check.errors], "diff": d.verdict,
+            "finding": check.status == "error" or d.status == "finding"}
+
+
+def _num(v: Any) -> float | str | None:
+    if v is None:
+        return None
+    v = float(v)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:120] or "item"

@@ -1,0 +1,149 @@
+"""Sweep results on disk: `items.jsonl`, one line per item as it finishes (appended, flushed and synced, so
+nothing written is lost when a run dies), read back to resume; and the aggregate over the latest line of
+every item.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from .item import STATUS_DONE, STATUS_FAILED
+
+ITEMS_FILE = "items.jsonl"
+
+
+class ResultStore:
+    """RESULTS/items.jsonl: append-only; the last line of an item is its result."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "bundles").mkdir(exist_ok=True)
+        self.path = self.root / ITEMS_FILE
+
+    @property
+    def bundles(self) -> Path:
+        return self.root / "bundles"
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """item -> its latest record. A line cut short by a crash (the last one) is ignored."""
+        latest: dict[str, dict[str, Any]] = {}
+        if not self.path.exists():
+            return latest
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(rec, dict) and "item" in rec:
+                    latest[str(rec["item"])] = rec
+        return latest
+
+    def done(self) -> set[str]:
+        return {k for k, r in self.read().items() if r.get("status") == STATUS_DONE}
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, allow_nan=False, default=str) + "\n"
+        with open(self.path, "a", encoding="utf-8") as f:
+            if f.tell() and not _ends_with_newline(self.path):
+                f.write("\n")            # a previous run died mid-line: start clean
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    """The aggregate of a sweep (JSON: docs/json-sweep.md)."""
+
+    items: int
+    done: int
+    failed: int
+    verdicts: dict[str, int]
+    findings: int
+    worst_snr: list[dict[str, Any]]
+    worst_corr: list[dict[str, Any]]
+    nonfinite: list[dict[str, Any]]
+    first_divergence: list[tuple[str, int]]
+    audio: dict[str, int]
+    seconds: dict[str, float]
+    errors: list[dict[str, Any]]
+
+    @property
+    def finding(self) -> bool:
+        return bool(self.findings or self.failed)
+
+    def headline(self) -> str:
+        if not self.items:
+            return "No items."
+        text = (f"{self.done} of {self.items} items compared, {self.findings} with a finding"
+                + (f", {self.failed} failed to run" if self.failed else "") + ".")
+        if self.first_divergence:
+            layer, n = self.first_divergence[0]
+            text += f" Most frequent first divergence: {layer} ({n} items)."
+        if self.nonfinite:
+            text += f" {len(self.nonfinite)} items with NaN/Inf in the candidate."
+        if self.worst_snr:
+            w = self.worst_snr[0]
+            text += f" Worst output SNR: {w['item']} ({_fmt(w['output_snr_db'])} dB)."
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"headline": self.headline(), "items": self.items, "done": self.done, "failed": self.failed,
+                "findings": self.findings, "finding": self.finding, "verdicts": self.verdicts,
+                "worst_snr": self.worst_snr, "worst_corr": self.worst_corr, "nonfinite": self.nonfinite,
+                "first_divergence": [{"layer": k, "items": n} for k, n in self.first_divergence],
+                "audio": self.audio, "seconds": self.seconds, "errors": self.errors}
+
+
+def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummary:
+    """Aggregate the latest record of every item."""
+    recs = list(records)
+    done = [r for r in recs if r.get("status") == STATUS_DONE]
+    failed = [r for r in recs if r.get("status") == STATUS_FAILED]
+
+    def ranked(key: str) -> list[dict[str, Any]]:
+        scored = [r for r in done if _value(r.get(key)) is not None]
+        scored.sort(key=lambda r: _value(r[key]))
+        return [{"item": r["item"], key: r[key], "verdict": r.get("verdict"),
+                 "first_divergence": r.get("first_divergence"), "bundle": r.get("bundle")} for r in scored[:worst]]
+
+    times = sorted(float(r.get("seconds", 0.0)) for r in recs)
+    return SweepSummary(
+        items=len(recs), done=len(done), failed=len(failed),
+        verdicts=dict(Counter(r.get("verdict") for r in done)),
+        findings=sum(1 for r in done if r.get("finding") or (r.get("audio") or {}).get("finding")),
+        worst_snr=ranked("output_snr_db"), worst_corr=ranked("output_corr"),
+        nonfinite=[{"item": r["item"], "origin": r["cand_nan"], "bundle": r.get("bundle")} for r in done
+                   if r.get("cand_nan")],
+        first_divergence=Counter(r["first_divergence"] for r in done if r.get("first_divergence")).most_common(),
+        audio=dict(Counter((r.get("audio") or {}).get("diff") for r in done if r.get("audio"))),
+        seconds={"total": round(sum(times), 3), "mean": round(sum(times) / len(times), 4) if times else 0.0,
+                 "max": times[-1] if times else 0.0},
+        errors=[{"item": r["item"], "error": r.get("error")} for r in failed])
+
+
+def _value(v: Any) -> float | None:
+    """A JSON metric as a number to sort by ("inf": identical output sorts last, "nan" first)."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return {"inf": float("inf"), "-inf": float("-inf"), "nan": float("-inf")}.get(v)
+    return float(v)
+
+
+def _fmt(v: Any) -> str:
+    x = _value(v)
+    return "n/a" if x is None else (str(v) if isinstance(v, str) else f"{x:.1f}")

@@ -1,0 +1,110 @@
+"""What a sweep runs: the `Sweep` a SWEEP_TARGET factory returns, and how a worker anywhere loads it.
+
+A worker needs only the installed package and the sweep target's source: `TargetSource` carries the text
+of a `file.py:factory` target (or the name of an importable module), so that a Ray or Dask worker on
+another machine imports it from a temporary copy. The factory must be deterministic (seed what it draws):
+each worker calls it once and finds the items by name.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from ..errors import TargetError
+
+
+@dataclass
+class Sweep:
+    """A reference model, the items to run it on, and what to compare it with.
+
+    Args:
+        reference: the PyTorch model.
+        items: `{name: inputs}`, an iterable of `(name, inputs)`, or a sequence of names with `inputs`
+            given (a function name -> inputs: nothing is built for items a worker does not run).
+        candidate: a runtime name (`"onnxruntime"`, `"tvm"`, …), a second PyTorch model (a converted or
+            fp16 port), or None (the CLI's `--runtime`, else ONNX Runtime).
+        sample_rate: when the output is audio: `audio check` on the candidate's and `audio diff`.
+        runtime_options: passed to the runtime (`-O` of the CLI).
+
+        >>> def build():                                                              # doctest: +SKIP
+        ...     items = {f"utt{i:03d}": make_inputs(seed=i) for i in range(500)}
+        ...     return Sweep(MyDecoder().eval(), items, candidate="onnxruntime", sample_rate=24000)
+    """
+
+    reference: torch.nn.Module
+    items: Any
+    candidate: Any = None
+    inputs: Callable[[str], Any] | None = None
+    sample_rate: float | None = None
+    runtime_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.inputs is None:
+            pairs = self.items.items() if isinstance(self.items, Mapping) else self.items
+            table: dict[str, Any] = {}
+            for pair in pairs:
+                if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                    raise TargetError("Sweep items must be {name: inputs}, (name, inputs) pairs, or names with "
+                                      "inputs=function")
+                table[str(pair[0])] = pair[1]
+            self._table = table
+            self.names = list(table)
+        else:
+            self.names = [str(n) for n in self.items]
+        if len(set(self.names)) != len(self.names):
+            raise TargetError("Sweep item names must be unique")
+
+    def inputs_of(self, name: str) -> tuple:
+        value = self.inputs(name) if self.inputs is not None else self._table[name]
+        return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def as_sweep(result: Any, spec: str) -> Sweep:
+    if isinstance(result, Sweep):
+        return result
+    if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.nn.Module):
+        return Sweep(result[0], result[1])
+    raise TargetError(f"SWEEP_TARGET {spec!r}: the factory must return tensorprobe.sweep.Sweep(...) or "
+                      f"(model, items), got {type(result).__name__}")
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    """A sweep target as a worker can load it: the file's text (shipped with each task) or a module name."""
+
+    spec: str
+    file_name: str | None = None
+    text: str | None = None
+
+    @staticmethod
+    def of(spec: str) -> "TargetSource":
+        where, _, attr = spec.rpartition(":")
+        if not attr or not where:
+            raise TargetError(f"SWEEP_TARGET {spec!r} must look like path/to/file.py:factory or "
+                              "package.module:factory")
+        if where.endswith(".py") or "/" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise TargetError(f"SWEEP_TARGET {spec!r}: no such file {where}")
+            return TargetSource(spec, path.name, path.read_text())
+        return TargetSource(spec)
+
+    def load(self) -> Sweep:
+        from ..targets import call_factory
+
+        if self.text is None:
+            return as_sweep(call_factory(self.spec), self.spec)
+        attr = self.spec.rpartition(":")[2]
+        with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as d:
+            path = Path(d) / self.file_name
+            path.write_text(self.text)
+            return as_sweep(call_factory(f"{path}:{attr}"), self.spec)
+
+
+def names_of(items: Iterable[Any]) -> list[str]:
+    return [str(n) for n in items]
