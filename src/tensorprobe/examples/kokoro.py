@@ -163,3 +163,17 @@ def export_decoder(seconds: float = 3.0) -> tuple[nn.Module, tuple[torch.Tensor,
 def voiced_decoder(seconds: float = 3.0) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """TARGET factory: the reference decoder with its random source on, and a voiced F0 contour."""
     return build_decoder(stable_source=False), decoder_inputs(seconds, voiced=True)
+
+
+def decoder_sweep(items: int = 50, seconds: float = 0.25):
+    """SWEEP_TARGET: the export decoder over `items` short inputs, half voiced (F0 110–220 Hz) and half
+    unvoiced (F0 = 0, where seeds 000 and 001 went NaN), each from its own seed, against ONNX Runtime, with
+    audio checks at 24 kHz."""
+    from ..sweep import Sweep
+
+    def inputs(name: str) -> tuple[torch.Tensor, ...]:
+        kind, seed = name.split("-")
+        return decoder_inputs(seconds, seed=int(seed), voiced=kind == "voiced")
+
+    names = [f"{'voiced' if i % 2 else 'unvoiced'}-{i:03d}" for i in range(items)]
+    return Sweep(exportable_decoder(), names, candidate="onnxruntime", inputs=inputs, sample_rate=SAMPLE_RATE)

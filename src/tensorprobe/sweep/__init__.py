@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import InputError
 from .engines import ENGINES, MAX_ATTEMPTS, default_workers, run_items
 from .results import ResultStore, SweepSummary, summarize
 from .spec import Sweep, TargetSource
@@ -36,7 +37,7 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, wo
     Args:
         target: `file.py:factory` or `package.module:factory` returning a `Sweep` (or `(model, items)`).
         out: the RESULTS directory (created; reused to resume).
-        runtime: the candidate runtime, overriding the factory's (default ONNX Runtime).
+        runtime: the candidate runtime, overriding the factory's candidate (default ONNX Runtime).
         workers: worker processes (default: the number of cores).
         engine: local, ray or dask; `address`: the Ray address (`auto`, `ray://HOST:PORT`) or the Dask
             scheduler (`tcp://HOST:PORT`); without it a local Ray or Dask cluster of `workers` is started.
@@ -47,6 +48,12 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, wo
     from ..logs import quiet_third_party
 
     quiet_third_party()
+    if runtime is not None:
+        from ..runtimes import get_runtime
+
+        get_runtime(runtime).require()      # an unknown or missing runtime fails before any item runs
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     source = TargetSource.of(target)
     store = ResultStore(out)
     names = source.load().names

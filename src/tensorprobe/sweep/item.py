@@ -28,9 +28,7 @@ class SweepWorker:
         quiet_third_party()
         self.sweep: Sweep = source.load()
         self.sweep.reference.eval()
-        cand = self.sweep.candidate if self.sweep.candidate is not None else (runtime or "onnxruntime")
-        if runtime is not None and not hasattr(cand, "forward"):
-            cand = runtime                          # --runtime overrides the factory's runtime name
+        cand = runtime or (self.sweep.candidate if self.sweep.candidate is not None else "onnxruntime")
         self.candidate = cand.eval() if hasattr(cand, "forward") else cand
         self.options = {**self.sweep.runtime_options, **(options or {})}
         self.keep_dir = Path(keep_dir)
@@ -109,10 +107,12 @@ def _record(name: str, report: Any, ref_nan: Any, cand_nan: Any) -> dict[str, An
     metrics = out.metrics if out is not None else {}
     amp = report.strongest_amplifier
     verdict = report.verdict
+    first = report.get(report.first_divergence) if verdict == "diverged" and report.first_divergence else None
     return {
         "item": name, "verdict": verdict,
         "finding": verdict == "diverged" or (cand_nan.found and not ref_nan.found),
-        "first_divergence": report.first_divergence if verdict == "diverged" else None,
+        "first_divergence": first.name if first is not None else None,
+        "cause": first.cause if first is not None else None,     # own, weights, amplified, random, inherited
         "output": report.output,
         "output_snr_db": _num(metrics.get("snr_db")), "output_corr": _num(metrics.get("pearson")),
         "ref_nan": _origin(ref_nan), "cand_nan": _origin(cand_nan),

