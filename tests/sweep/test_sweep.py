@@ -115,3 +115,51 @@ def test_cli_json_exit_codes_and_bad_input(target, tmp_path):
     missing = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", "/nope/x.py:build", "-o",
                               str(tmp_path / "bad")], capture_output=True, text=True)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+@pytest.mark.slow
+def test_kokoro_decoder_swept_over_50_voiced_and_unvoiced_items_against_onnxruntime(tmp_path):
+    """The shipped export decoder against ONNX Runtime. Voiced items carry the source's random noise
+    (noise_std · uv), which ONNX Runtime draws differently: they part at the source and their audio differs.
+    Unvoiced items have no noise (uv = 0) and agree at the output; where they first differ is rounding
+    amplified in the decoder's near-constant norm channels."""
+    pytest.importorskip("kokoro")
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "k.py").write_text("from tensorprobe.examples.kokoro import decoder_sweep\n"
+                                   "def build():\n    return decoder_sweep(items=50, seconds=0.1)\n")
+    summary = sweep(f"{tmp_path / 'k.py'}:build", tmp_path / "out", workers=2)
+    latest = ResultStore(tmp_path / "out").read()
+    voiced = {n: r for n, r in latest.items() if n.startswith("voiced")}
+    unvoiced = {n: r for n, r in latest.items() if n.startswith("unvoiced")}
+    assert summary.done == 50 and len(voiced) == len(unvoiced) == 25
+    for r in voiced.values():
+        assert r["first_divergence"].startswith("generator.m_source") and r["output_snr_db"] < 20
+        assert r["audio"]["diff"] != "match"
+    for r in unvoiced.values():
+        assert r["output_snr_db"] == "inf" or r["output_snr_db"] > 50
+        assert r["audio"]["diff"] in ("identical", "match")
+    assert {w["item"] for w in summary.worst_snr} <= set(voiced)                   # the ten worst are voiced
+    assert summary.first_divergence[0] == ("generator.m_source.l_sin_gen:0", 25)     # every voiced item
+    # unvoiced items part inside the decoder's norms, by rounding the near-constant channels amplify
+    assert all(r["first_divergence"].startswith("decode.") and r["cause"] == "amplified" for r in unvoiced.values())
+    kept = [p for p in (tmp_path / "out" / "bundles").rglob("*.safetensors")]
+    assert not kept                                                                # statistics only on disk
+
+
+@pytest.mark.slow
+def test_tts_path_sweeps_texts_through_every_stage_checker(tmp_path):
+    pytest.importorskip("kokoro")
+    (tmp_path / "t.py").write_text(textwrap.dedent('''
+        from tensorprobe.sweep import Sweep
+        from tensorprobe.tts.kokoro import KokoroPipeline
+
+        def build():
+            texts = {"hello": "həlˈO wˈɜɹld", "hi": "hˈI", "foreign": "hˈɛloʊ ɫAH0 wˈɜːld", "empty": ""}
+            return Sweep(None, texts, pipeline=KokoroPipeline(seed=0))
+    '''))
+    summary = sweep(f"{tmp_path / 't.py'}:build", tmp_path / "out", workers=1)
+    latest = ResultStore(tmp_path / "out").read()
+    assert summary.done == 4 and {n for n, r in latest.items() if r["finding"]} == {"foreign", "empty"}
+    assert latest["foreign"]["problems"] == ["phonemes.unknown_symbols"]
+    assert latest["empty"]["problems"] == ["phonemes.empty"]
+    assert summary.bad_stages == [("phonemes", 2)] and latest["hello"]["audio_samples"] > 0

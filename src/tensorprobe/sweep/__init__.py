@@ -48,7 +48,7 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, wo
     from ..logs import quiet_third_party
 
     quiet_third_party()
-    if runtime is not None:
+    if runtime is not None and engine in ENGINES:
         from ..runtimes import get_runtime
 
         get_runtime(runtime).require()      # an unknown or missing runtime fails before any item runs

@@ -27,7 +27,8 @@ class SweepWorker:
 
         quiet_third_party()
         self.sweep: Sweep = source.load()
-        self.sweep.reference.eval()
+        if self.sweep.reference is not None:
+            self.sweep.reference.eval()
         cand = runtime or (self.sweep.candidate if self.sweep.candidate is not None else "onnxruntime")
         self.candidate = cand.eval() if hasattr(cand, "forward") else cand
         self.options = {**self.sweep.runtime_options, **(options or {})}
@@ -53,6 +54,8 @@ class SweepWorker:
 
     def _run(self, name: str) -> dict[str, Any]:
         inputs = self.sweep.inputs_of(name)
+        if self.sweep.pipeline is not None:
+            return _tts_record(name, *self.sweep.pipeline.run(inputs[0]))
         with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-item-") as d:
             root = Path(d)
             report, ref_nan, cand_nan, ref_path, cand_path = self._compare(inputs, root)
@@ -141,6 +144,14 @@ def _record(name: str, report: Any, ref_nan: Any, cand_nan: Any) -> dict[str, An
         "strongest_amplifier": amp.name if amp is not None else None,
         "records_compared": len(report.pairs),
     }
+
+
+def _tts_record(name: str, audio: Any, report: Any) -> dict[str, Any]:
+    """A text through a TTS pipeline: the stage checker's verdict, the first bad stage, what fired."""
+    return {"item": name, "verdict": report.status, "finding": report.status == "error",
+            "first_bad_stage": report.first_bad_stage, "first_divergence": None,
+            "problems": [f"{f.stage}.{f.check}" for f in report.findings if f.severity != "info"],
+            "audio_samples": None if audio is None else int(getattr(audio, "size", len(audio)))}
 
 
 def _origin(o: Any) -> dict[str, Any] | None:

@@ -78,6 +78,7 @@ class SweepSummary:
     nonfinite: list[dict[str, Any]]
     first_divergence: list[tuple[str, int]]
     causes: dict[str, int]
+    bad_stages: list[tuple[str, int]]
     audio: dict[str, int]
     seconds: dict[str, float]
     errors: list[dict[str, Any]]
@@ -97,6 +98,9 @@ class SweepSummary:
         if self.causes.get("random"):
             text += (f" {self.causes['random']} items first differ at a random draw (the runtimes draw other "
                      "numbers: record or replay them to compare those items).")
+        if self.bad_stages:
+            stage, n = self.bad_stages[0]
+            text += f" Most frequent first bad TTS stage: {stage} ({n} items)."
         if self.nonfinite:
             text += f" {len(self.nonfinite)} items with NaN/Inf in the candidate."
         if self.worst_snr:
@@ -109,7 +113,7 @@ class SweepSummary:
                 "findings": self.findings, "finding": self.finding, "verdicts": self.verdicts,
                 "worst_snr": self.worst_snr, "worst_corr": self.worst_corr, "nonfinite": self.nonfinite,
                 "first_divergence": [{"layer": k, "items": n} for k, n in self.first_divergence],
-                "causes": self.causes,
+                "causes": self.causes, "bad_stages": [{"stage": k, "items": n} for k, n in self.bad_stages],
                 "audio": self.audio, "seconds": self.seconds, "errors": self.errors}
 
 
@@ -135,6 +139,7 @@ def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummar
                    if r.get("cand_nan")],
         first_divergence=Counter(r["first_divergence"] for r in done if r.get("first_divergence")).most_common(),
         causes=dict(Counter(r["cause"] for r in done if r.get("cause"))),
+        bad_stages=Counter(r["first_bad_stage"] for r in done if r.get("first_bad_stage")).most_common(),
         audio=dict(Counter((r.get("audio") or {}).get("diff") for r in done if r.get("audio"))),
         seconds={"total": round(sum(times), 3), "mean": round(sum(times) / len(times), 4) if times else 0.0,
                  "max": times[-1] if times else 0.0},

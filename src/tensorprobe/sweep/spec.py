@@ -30,20 +30,27 @@ class Sweep:
             fp16 port), or None (the CLI's `--runtime`, else ONNX Runtime).
         sample_rate: when the output is audio: `audio check` on the candidate's and `audio diff`.
         runtime_options: passed to the runtime (`-O` of the CLI).
+        pipeline: instead of a reference: a TTS pipeline whose `run(text)` returns `(audio, StageReport)`
+            (`tensorprobe.tts`; e.g. `tensorprobe.tts.kokoro.KokoroPipeline`); the items are then texts (or
+            `{name: text}`), each run through every stage checker.
 
         >>> def build():                                                              # doctest: +SKIP
         ...     items = {f"utt{i:03d}": make_inputs(seed=i) for i in range(500)}
         ...     return Sweep(MyDecoder().eval(), items, candidate="onnxruntime", sample_rate=24000)
     """
 
-    reference: torch.nn.Module
+    reference: torch.nn.Module | None
     items: Any
     candidate: Any = None
     inputs: Callable[[str], Any] | None = None
     sample_rate: float | None = None
     runtime_options: dict[str, Any] = field(default_factory=dict)
+    pipeline: Any = None
 
     def __post_init__(self) -> None:
+        if (self.reference is None) == (self.pipeline is None):
+            raise TargetError("a Sweep takes a reference model, or a TTS pipeline (pipeline=, with texts as items), "
+                              "not both")
         if self.inputs is None:
             pairs = self.items.items() if isinstance(self.items, Mapping) else self.items
             table: dict[str, Any] = {}
