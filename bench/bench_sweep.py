@@ -8,7 +8,9 @@ The work is the shipped Kokoro export decoder against ONNX Runtime (`examples.ko
 another (no result file, no pool): the floor any engine adds to. Each engine's figure includes its start
 (spawning workers, building the models, exporting once per worker), reported separately as the time to the
 first item. Overhead per item = (engine wall time · workers − Σ item compute) / items, where item compute
-is what the worker measured inside `SweepWorker.run`.
+is what the worker measured inside `SweepWorker.run`; that figure includes starting the workers. The steady
+overhead leaves each worker's first item out: (wall time from the workers' first results to the last · workers
+− the later items' compute) / later items.
 """
 
 from __future__ import annotations
@@ -48,11 +50,14 @@ def engine_run(target: str, engine: str, workers: int, n: int) -> dict:
 
     out = Path(tempfile.mkdtemp(prefix=f"bench-sweep-{engine}-"))
     first: list[float] = []
+    finished: list[tuple[float, float]] = []        # (wall time at finish, the item's own compute)
     start = time.perf_counter()
 
     def on_item(record, done, total):
+        now = time.perf_counter() - start
         if not first:
-            first.append(time.perf_counter() - start)
+            first.append(now)
+        finished.append((now, float(record.get("seconds", 0.0))))
 
     try:
         tp.sweep(target, out, workers=workers, engine=engine, on_item=on_item)
@@ -61,9 +66,16 @@ def engine_run(target: str, engine: str, workers: int, n: int) -> dict:
     finally:
         shutil.rmtree(out, ignore_errors=True)
     compute = sum(r["seconds"] for r in records)
+    # steady state: after each worker's first item (start-up, model build, export), what the engine adds per item
+    later = finished[workers:]
+    steady = None
+    if len(later) > 1:
+        span = (later[-1][0] - finished[workers - 1][0]) * workers
+        steady = (span - sum(c for _, c in later)) / len(later)
     return {"engine": engine, "workers": workers, "wall_s": wall, "first_item_s": first[0] if first else None,
             "items_per_s": n / wall, "item_compute_s": compute,
-            "overhead_per_item_s": (wall * workers - compute) / n}
+            "overhead_per_item_s": (wall * workers - compute) / n, "steady_overhead_per_item_s": steady,
+            "steady_item_compute_s": sum(c for _, c in later) / len(later) if later else None}
 
 
 def main() -> None:

@@ -32,6 +32,16 @@ class SweepWorker:
         cand = runtime or (self.sweep.candidate if self.sweep.candidate is not None else "onnxruntime")
         self.candidate = cand.eval() if hasattr(cand, "forward") else cand
         self.options = {**self.sweep.runtime_options, **(options or {})}
+        if isinstance(self.candidate, str):
+            from ..runtimes import get_runtime
+
+            takes = get_runtime(self.candidate).option_names() or ()
+            if "threads" in takes and "threads" not in self.options:
+                # the pool runs one item per core: a runtime that also spreads each item over every core
+                # oversubscribes them (2 workers on 2 cores ran no faster than 1)
+                import torch
+
+                self.options["threads"] = torch.get_num_threads()
         self.keep_dir = Path(keep_dir)
         self._prepared: dict[tuple, Any] = {}
         self._workdir = tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-artifacts-")
