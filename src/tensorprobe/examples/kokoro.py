@@ -165,7 +165,7 @@ def voiced_decoder(seconds: float = 3.0) -> tuple[nn.Module, tuple[torch.Tensor,
     return build_decoder(stable_source=False), decoder_inputs(seconds, voiced=True)
 
 
-def decoder_sweep(items: int = 50, seconds: float = 0.25):
+def decoder_sweep(items: int = 50, seconds: float = 0.1):
     """SWEEP_TARGET: the export decoder over `items` short inputs, half voiced (F0 110–220 Hz) and half
     unvoiced (F0 = 0, where seeds 000 and 001 went NaN), each from its own seed, against ONNX Runtime, with
     audio checks at 24 kHz."""
