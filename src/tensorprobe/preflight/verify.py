@@ -27,14 +27,10 @@ def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list
     what ran."""
     if target.name == "fp16":
         return _verify_half(model, inputs, findings)
-    runtime = target.runtime
-    if runtime is None:
-        return findings, f"--verify: no runtime to run {target.name} here"
-    from ..runtimes import get_runtime
-
-    adapter = get_runtime(runtime)
-    if not adapter.available():
-        return findings, f"--verify: {adapter.package} is not installed (pip install 'tensorprobe[{adapter.extra}]')"
+    adapter, missing = _installed(target)
+    if adapter is None:
+        return findings, f"--verify: {missing}"
+    runtime = adapter.name
     with tempfile.TemporaryDirectory(prefix="tensorprobe-verify-") as d:
         try:
             bundle, how = _capture(adapter, model, inputs, Path(d) / runtime)
@@ -46,26 +42,18 @@ def verify(model: torch.nn.Module, inputs: tuple, target: Target, findings: list
 
 def verify_fixed(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple[bool | None, str]:
     """Run the target on the model `--fix` made: (True when every value it records is finite, a note)."""
-    runtime = target.runtime
     if target.name == "fp16":
-        from ..nan.live import find_first_nonfinite
-
-        half = clone_module(model).half()
-        args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
         try:
-            origin = find_first_nonfinite(half, *args, spread=False)
-        except Exception as e:
+            origin = _half_origin(model, inputs)
+        except Exception as e:   # an op without a float16 CPU kernel
             return None, f"--fix --verify: model.half() did not run ({type(e).__name__})"
         return (not origin.found, "--fix --verify: the fixed model in float16 " +
                 (f"still makes a non-finite value at {origin.op} in {origin.module or '<root>'}" if origin.found
                  else "keeps every value finite"))
-    if runtime is None:
-        return None, f"--fix --verify: no runtime to run {target.name} here"
-    from ..runtimes import get_runtime
-
-    adapter = get_runtime(runtime)
-    if not adapter.available():
-        return None, f"--fix --verify: {adapter.package} is not installed"
+    adapter, missing = _installed(target)
+    if adapter is None:
+        return None, f"--fix --verify: {missing}"
+    runtime = adapter.name
     with tempfile.TemporaryDirectory(prefix="tensorprobe-verify-") as d:
         try:
             bundle, how = _capture(adapter, model, inputs, Path(d) / runtime)
@@ -77,6 +65,27 @@ def verify_fixed(model: torch.nn.Module, inputs: tuple, target: Target) -> tuple
         return False, f"--fix --verify: {runtime}{how} still makes NaN/Inf in the fixed model: {len(bad)} of {n} " \
                       f"records, first {bad[0]}"
     return True, f"--fix --verify: {runtime}{how} ran the fixed model with every value finite ({n} records)"
+
+
+def _installed(target: Target) -> tuple[Any, str | None]:
+    """The adapter that runs `target` here, or None and why not."""
+    if target.runtime is None:
+        return None, f"no runtime to run {target.name} here"
+    from ..runtimes import get_runtime
+
+    adapter = get_runtime(target.runtime)
+    if not adapter.available():
+        return None, f"{adapter.package} is not installed (pip install 'tensorprobe[{adapter.extra}]')"
+    return adapter, None
+
+
+def _half_origin(model: torch.nn.Module, inputs: tuple) -> Any:
+    """Where `model.half()` makes its first non-finite value on `inputs` (raises where float16 has no kernel)."""
+    from ..nan.live import find_first_nonfinite
+
+    half = clone_module(model).half()
+    args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    return find_first_nonfinite(half, *args, spread=False)
 
 
 def _capture(adapter: Any, model: torch.nn.Module, inputs: tuple, out: Path) -> tuple[Any, str]:
@@ -116,12 +125,8 @@ def _check_norm(f: Finding, bundle: Any, runtime: str) -> Finding:
 
 
 def _verify_half(model: torch.nn.Module, inputs: tuple, findings: list[Finding]) -> tuple[list[Finding], str]:
-    from ..nan.live import find_first_nonfinite
-
-    half = clone_module(model).half()
-    args = [t.half() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
     try:
-        origin = find_first_nonfinite(half, *args, spread=False)
+        origin = _half_origin(model, inputs)
     except Exception as e:   # an op without a float16 CPU kernel
         return findings, f"--verify: model.half() did not run on this machine ({type(e).__name__}: {e})"
     out = []

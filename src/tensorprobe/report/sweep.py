@@ -62,21 +62,17 @@ def _plots(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
     snr = [_value(r.get("output_snr_db")) for r in records if r.get("status") == "done"]
     snr = [min(v, 200.0) for v in snr if v is not None and not math.isnan(v) and v > -math.inf]
-    out = []
-    if snr:
-        fig, ax = new_figure(5.2, 3.0)
-        ax.hist(snr, bins=min(40, max(5, len(snr) // 3)), color="#4c72b0")
-        ax.set_xlabel("output SNR (dB; identical outputs at 200)")
-        ax.set_ylabel("items")
-        out.append(("output SNR distribution", figure_to_data_uri(fig)))
     secs = [float(r.get("seconds", 0.0)) for r in records]
-    if secs:
+
+    def histogram(values: list[float], xlabel: str, color: str) -> str:
         fig, ax = new_figure(5.2, 3.0)
-        ax.hist(secs, bins=min(40, max(5, len(secs) // 3)), color="#55a868")
-        ax.set_xlabel("seconds per item")
+        ax.hist(values, bins=min(40, max(5, len(values) // 3)), color=color)
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("items")
-        out.append(("time per item", figure_to_data_uri(fig)))
-    return out
+        return figure_to_data_uri(fig)
+
+    return ([("output SNR distribution", histogram(snr, "output SNR (dB; identical outputs at 200)", "#4c72b0"))]
+            if snr else []) + ([("time per item", histogram(secs, "seconds per item", "#55a868"))] if secs else [])
 
 
 def _num_attr(v: Any) -> str:
