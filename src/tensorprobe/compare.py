@@ -15,7 +15,7 @@ two, and the first non-finite value on each side.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -23,6 +23,7 @@ import torch
 from .bundle import Bundle
 from .errors import InputError
 from .nan import NanOrigin, find_nonfinite_in_bundle
+from .record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED
 from .runtimes.base import workdir
 
 
@@ -126,9 +127,21 @@ def module_view(bundle: Bundle) -> Bundle:
     """The module-level records of a runtime bundle (names without an `/<op>.<k>` part).
 
     A PyTorch module capture has no op records; leaving the runtime's op records out keeps `diff`
-    from pairing them by order with reference records that have no runtime counterpart.
+    from pairing them by order with reference records that have no runtime counterpart. What those op
+    records tell of their module stays as tags of its records: quantized arithmetic (an int8 port's
+    ConvInteger) and random draws not replayed (a RandomNormalLike), so that `diff` gives the cause.
     """
-    keep = [r for r in bundle.records if "/" not in r.name]
+    carried: dict[str, set[str]] = {}
+    for r in bundle.records:
+        if "/" not in r.name:
+            continue
+        if TAG_QUANTIZED in r.tags:
+            carried.setdefault(r.module, set()).add(TAG_QUANTIZED)
+        if r.kind == KIND_RNG and TAG_REPLAYED not in r.tags:
+            carried.setdefault(r.module, set()).add(TAG_DRAWS_RANDOM)
+    keep = [r if r.kind != KIND_OUTPUT or not carried.get(r.module)
+            else replace(r, tags=tuple(sorted(set(r.tags) | carried[r.module])))
+            for r in bundle.records if "/" not in r.name]
     return Bundle(bundle.path, bundle.manifest, keep, bundle._source)
 
 

@@ -57,6 +57,9 @@ TAG_QSTEP = "qstep:"
 TAG_STANDS_FOR = "stands_for:"
 # A random record whose values were fed back from a recording (`tensorprobe.rng`, `--replay-rng`).
 TAG_REPLAYED = "replayed"
+# Tag of a module record of a runtime whose op records (left out of a module-level comparison) include random
+# draws not replayed from the reference: the module's output is computed from draws that differ.
+TAG_DRAWS_RANDOM = "draws_random"
 # The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
 OP_UNKNOWN = "tensor"
 

@@ -215,6 +215,34 @@ def test_legacy_exporter_atan2_nan_is_found_by_compare(tmp_path):
     assert res.first_divergence == "<root>" and res.finding
 
 
+def test_compare_names_random_draws_in_the_runtime_as_the_cause(tmp_path):
+    """A module that adds noise: ONNX Runtime's RandomNormalLike draws other numbers, so the module's output
+    differs for a reason that is not arithmetic. compare's module-level diff must say `random` at that module
+    (not `own`, which would send the user hunting a port bug), and the deterministic layer before it matches."""
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + 0.1 * torch.randn_like(x)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.pre = torch.nn.Linear(8, 8)
+            self.noise = Noisy()
+            self.post = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.post(self.noise(self.pre(x)))
+
+    res = compare(Net().eval(), (torch.randn(16, 8),), "onnxruntime", out=tmp_path)
+    assert res.diff.get("pre").status == "pass"
+    assert res.first_divergence == "noise"
+    first = res.diff.get("noise")
+    assert first.cause == "random" and "random draws" in first.explanation
+    assert res.diff.get("post").origin == "noise"           # what follows carries the same draws
+
+
 def test_mapping_rules_name_unnamed_nodes(tiny, tmp_path):
     model, inputs = tiny
     path = export_onnx(model, inputs, tmp_path / "m.onnx", exporter="legacy")

@@ -48,6 +48,12 @@ SWEEP_FILE = textwrap.dedent('''
 
     def build():
         return Sweep(Net().eval(), items(), candidate=Port().eval())
+
+    def plain():
+        return Sweep(Net().eval(), {n: v for n, v in items().items() if n != "killer"})
+
+    def port():
+        return Port()
 ''')
 
 
@@ -117,6 +123,61 @@ def test_cli_json_exit_codes_and_bad_input(target, tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
+def test_cand_factory_replaces_the_sweeps_candidate(target, tmp_path):
+    out = tmp_path / "cand"
+    file = target.rpartition(":")[0]
+    summary = sweep(f"{file}:plain", out, cand=f"{file}:port", workers=1)
+    loud = _loud(target)
+    latest = ResultStore(out).read()
+    assert summary.done == 12 and {n for n, r in latest.items() if r["finding"]} == loud
+    assert summary.first_divergence == [("b", len(loud))]
+
+
+def _export(model_file, path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("port_sweep_mod", model_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.onnx.export(mod.Net().eval(), (torch.zeros(1, 4, 200),), str(path), dynamo=False,
+                      input_names=["x"], output_names=["y"])
+
+
+def test_cand_artifact_an_exact_onnx_export_matches_and_its_int8_quantization_diverges(target, tmp_path,
+                                                                                         monkeypatch):
+    """Two real ports of the same model as files: the float export matches on every item; ONNX Runtime's own
+    int8 quantization (quantize_dynamic of the convolutions) diverges on every item. The workers' scratch files
+    are gone afterwards."""
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    file = target.rpartition(":")[0]
+    exact, int8 = tmp_path / "net.onnx", tmp_path / "net.int8.onnx"
+    _export(file, exact)
+    quantize_dynamic(str(exact), str(int8), op_types_to_quantize=["Conv"], weight_type=QuantType.QUInt8)
+    same = sweep(f"{file}:plain", tmp_path / "exact", cand=str(exact), workers=2)
+    assert same.done == 12 and same.verdicts.get("match") == 12 and not same.finding
+    worse = sweep(f"{file}:plain", tmp_path / "int8", cand=str(int8), workers=2)
+    latest = ResultStore(tmp_path / "int8").read()
+    assert worse.done == 12 and worse.finding
+    assert all(r["verdict"] == "diverged" and r["output_snr_db"] < 45 for r in latest.values())
+    assert worse.first_divergence == [("a", 12)] and {r["cause"] for r in latest.values()} == {"quantized"}
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_cand_bad_input_is_a_clear_error(target, tmp_path):
+    file = target.rpartition(":")[0]
+    for args, says in [(["--cand", str(tmp_path / "missing.onnx")], "no such artifact file"),
+                       (["--cand", f"{file}:port", "--runtime", "onnxruntime"], "--runtime does not apply"),
+                       (["--cand", str(tmp_path / "w.bin")], "no runtime opens .bin files")]:
+        (tmp_path / "w.bin").write_bytes(b"x")
+        bad = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", f"{file}:plain", "-o",
+                              str(tmp_path / "bad"), *args], capture_output=True, text=True)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
 @pytest.mark.slow
 def test_kokoro_decoder_swept_over_50_voiced_and_unvoiced_items_against_onnxruntime(tmp_path):
     """The shipped export decoder against ONNX Runtime. Voiced items carry the source's random noise
@@ -134,6 +195,7 @@ def test_kokoro_decoder_swept_over_50_voiced_and_unvoiced_items_against_onnxrunt
     assert summary.done == 50 and len(voiced) == len(unvoiced) == 25
     for r in voiced.values():
         assert r["first_divergence"].startswith("generator.m_source") and r["output_snr_db"] < 20
+        assert r["cause"] == "random"          # the runtime's RandomNormalLike in that module, not replayed
         assert r["audio"]["diff"] != "match"
     for r in unvoiced.values():
         assert r["output_snr_db"] == "inf" or r["output_snr_db"] > 50

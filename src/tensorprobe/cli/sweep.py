@@ -23,6 +23,9 @@ def sweep_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="RESULTS directory (reused to resume)."),
     runtime: Optional[str] = typer.Option(None, "--runtime", "-r", help="Candidate runtime (default: the "
                                           "factory's, else onnxruntime)."),
+    cand: Optional[str] = typer.Option(None, "--cand", help="Candidate instead of an export of the reference: "
+                                       "an exported artifact (model.onnx, model.pte; run by --runtime, else by "
+                                       "the runtime its suffix names) or file.py:factory returning a PyTorch model."),
     workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Worker processes (default: cores)."),
     engine: str = typer.Option("local", "--engine", help="local, ray or dask."),
     address: Optional[str] = typer.Option(None, "--address", "--scheduler", help="Ray address (auto, "
@@ -43,7 +46,7 @@ def sweep_cmd(
     try:
         options = parse_options(option)
         with _progress_bar(enabled=not json_out and sys.stderr.isatty()) as on_item:
-            summary = sweep(target, out, runtime=runtime, workers=workers, engine=engine, address=address,
+            summary = sweep(target, out, runtime=runtime, cand=cand, workers=workers, engine=engine, address=address,
                             options=options, limit=limit, on_item=on_item)
     except TensorprobeError as e:
         fail(str(e))

@@ -21,8 +21,8 @@ import re
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_QUANTIZED,
-                      WEIGHT_KINDS, Record)
+from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
+                      TAG_QUANTIZED, WEIGHT_KINDS, Record)
 from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN)
@@ -298,6 +298,10 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     if p.kind == KIND_RNG:
         return replace(p, cause=CAUSE_RANDOM, origin=p.name)
     src = done.get(p.input_name) if p.input_name else None
+    if TAG_DRAWS_RANDOM in p.tags and (src is None or not src.failed):
+        return replace(p, cause=CAUSE_RANDOM, origin=p.name, explanation=(
+            f"the candidate computes {p.cand_name} from random draws of its own (not replayed from the "
+            "reference): replay them (`tensorprobe rng`, --replay-rng) to compare the arithmetic"))
     if TAG_QUANTIZED in p.tags or quantized_input is not None:
         if src is None or not src.failed or src.cause == CAUSE_QUANTIZED and TAG_QUANTIZED in p.tags:
             own_q = TAG_QUANTIZED in p.tags

@@ -148,6 +148,13 @@ class RuntimeAdapter:
         Path(workdir).mkdir(parents=True, exist_ok=True)
         return self._prepare(model, tuple(inputs), Path(workdir), **options)
 
+    def load(self, path: str | os.PathLike, **options: Any) -> Any:
+        """Load an exported artifact (e.g. `model.onnx`) once: the handle `capture_prepared` runs on any
+        inputs it takes. A sweep against an artifact loads it once per worker."""
+        self.require()
+        self.check_options(options, artifact=True)
+        return self._load(Path(path), **options)
+
     def capture_prepared(self, artifact: Any, inputs: Sequence[Any], out: str | os.PathLike, *,
                          keep: str = "full", include: str | None = None, exclude: str | None = None) -> Bundle:
         """Run an artifact from `prepare` on `inputs` and capture its intermediates."""
@@ -158,9 +165,7 @@ class RuntimeAdapter:
                          out: str | os.PathLike, *, keep: str = "full", include: str | None = None,
                          exclude: str | None = None, **options: Any) -> Bundle:
         """Run an existing artifact (e.g. `model.onnx`) on `inputs` and capture its intermediates."""
-        self.require()
-        self.check_options(options, artifact=True)
-        artifact = self._load(Path(path), **options)
+        artifact = self.load(path, **options)
         return self._capture_artifact(artifact, inputs, out, keep=keep, include=include, exclude=exclude,
                                       model_info={"artifact": str(path)})
 

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import InputError
 from .engines import ENGINES, MAX_ATTEMPTS, default_workers, run_items
 from .results import ResultStore, SweepSummary, summarize
-from .spec import Sweep, TargetSource
+from .spec import Candidate, Sweep, TargetSource
 
 
-def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, workers: int | None = None,
+def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, cand: str | None = None,
+          workers: int | None = None,
           engine: str = "local", address: str | None = None, options: dict[str, Any] | None = None,
           limit: int | None = None, on_item: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepSummary:
     """Run SWEEP_TARGET's items through reference and candidate; write RESULTS; return the aggregate.
@@ -38,6 +40,8 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, wo
         target: `file.py:factory` or `package.module:factory` returning a `Sweep` (or `(model, items)`).
         out: the RESULTS directory (created; reused to resume).
         runtime: the candidate runtime, overriding the factory's candidate (default ONNX Runtime).
+        cand: instead, an exported artifact of the reference (`model.onnx`, `model.pte`: run by `runtime`,
+            else the runtime its suffix names) or a `file.py:factory` returning a second PyTorch model.
         workers: worker processes (default: the number of cores).
         engine: local, ray or dask; `address`: the Ray address (`auto`, `ray://HOST:PORT`) or the Dask
             scheduler (`tcp://HOST:PORT`); without it a local Ray or Dask cluster of `workers` is started.
@@ -48,12 +52,13 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, wo
     from ..logs import quiet_third_party
 
     quiet_third_party()
-    if runtime is not None and engine in ENGINES:
-        from ..runtimes import get_runtime
-
-        get_runtime(runtime).require()      # an unknown or missing runtime fails before any item runs
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    candidate = Candidate.of(cand, runtime)
+    if candidate.runtime is not None:
+        from ..runtimes import get_runtime
+
+        get_runtime(candidate.runtime).require()      # an unknown or missing runtime fails before any item runs
     source = TargetSource.of(target)
     store = ResultStore(out)
     names = source.load().names
@@ -61,11 +66,12 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, wo
     todo = [n for n in names if n not in done]
     if limit is not None:
         todo = todo[:limit]
-    for i, record in enumerate(run_items(engine, todo, source, runtime, str(store.bundles), options or {},
-                                         workers or default_workers(), address), start=1):
-        store.append(record)
-        if on_item is not None:
-            on_item(record, i, len(todo))
+    with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as scratch:
+        for i, record in enumerate(run_items(engine, todo, source, candidate, str(store.bundles), options or {},
+                                             workers or default_workers(), address, scratch), start=1):
+            store.append(record)
+            if on_item is not None:
+                on_item(record, i, len(todo))
     latest = store.read()
     summary = summarize(latest[n] for n in names if n in latest)
     _write_json(store.root / "summary.json", summary.to_dict())

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import InputError, RuntimeUnavailable
 from .item import STATUS_FAILED, SweepWorker
-from .spec import TargetSource
+from .spec import Candidate, TargetSource
 
 MAX_ATTEMPTS = 2
 ENGINES = ("local", "ray", "dask")
@@ -21,15 +21,18 @@ _WORKER: SweepWorker | None = None          # the local pool's worker state, one
 _DASK_WORKERS: dict[tuple, SweepWorker] = {}
 
 
-def run_items(engine: str, names: list[str], source: TargetSource, runtime: str | None, keep_dir: str,
-              options: dict[str, Any], workers: int, address: str | None = None) -> Iterator[dict[str, Any]]:
-    """Records of `names`, in the order they finish."""
+def run_items(engine: str, names: list[str], source: TargetSource, candidate: Candidate, keep_dir: str,
+              options: dict[str, Any], workers: int, address: str | None = None,
+              scratch: str | None = None) -> Iterator[dict[str, Any]]:
+    """Records of `names`, in the order they finish. `scratch`: a directory on this machine for the workers'
+    prepared artifacts, which the caller removes (ignored on a remote cluster, whose workers clean up)."""
+    setup = (source, candidate, keep_dir, options)
     if engine == "local":
-        yield from _local(names, source, runtime, keep_dir, options, workers)
+        yield from _local(names, setup, workers, scratch)
     elif engine == "ray":
-        yield from _ray(names, source, runtime, keep_dir, options, workers, address)
+        yield from _ray(names, setup, workers, address, None if address else scratch)
     elif engine == "dask":
-        yield from _dask(names, source, runtime, keep_dir, options, workers, address)
+        yield from _dask(names, setup, workers, address, None if address else scratch)
     else:
         raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
 
@@ -40,12 +43,12 @@ def _died(name: str, attempts: int, how: str) -> dict[str, Any]:
 
 
 # ---- local process pool ------------------------------------------------------------------------------
-def _init_local(source: TargetSource, runtime: str | None, keep_dir: str, options: dict[str, Any]) -> None:
+def _init_local(setup: tuple, scratch: str | None) -> None:
     global _WORKER
     import torch
 
     torch.set_num_threads(1)     # the pool's processes share the cores: one thread each, no oversubscription
-    _WORKER = SweepWorker(source, runtime, keep_dir, options)
+    _WORKER = SweepWorker(*setup, scratch=scratch)
 
 
 def _run_local(name: str) -> dict[str, Any]:
@@ -53,7 +56,7 @@ def _run_local(name: str) -> dict[str, Any]:
     return _WORKER.run(name)
 
 
-def _local(names, source, runtime, keep_dir, options, workers) -> Iterator[dict[str, Any]]:
+def _local(names, setup, workers, scratch) -> Iterator[dict[str, Any]]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -64,7 +67,7 @@ def _local(names, source, runtime, keep_dir, options, workers) -> Iterator[dict[
     size = max(1, workers)
     while queue:
         pool = ProcessPoolExecutor(max_workers=min(size, len(queue)), mp_context=ctx, initializer=_init_local,
-                                   initargs=(source, runtime, keep_dir, options))
+                                   initargs=(setup, scratch))
         running = {}
         broken = False
         try:
@@ -100,7 +103,7 @@ def _local(names, source, runtime, keep_dir, options, workers) -> Iterator[dict[
 
 
 # ---- Ray ---------------------------------------------------------------------------------------------
-def _ray(names, source, runtime, keep_dir, options, workers, address) -> Iterator[dict[str, Any]]:
+def _ray(names, setup, workers, address, scratch) -> Iterator[dict[str, Any]]:
     try:
         import ray
     except ImportError:
@@ -117,7 +120,7 @@ def _ray(names, source, runtime, keep_dir, options, workers, address) -> Iterato
         started = True
     try:
         Actor = ray.remote(num_cpus=1, max_restarts=-1)(_RayWorker)
-        actors = [Actor.remote(source, runtime, keep_dir, options) for _ in range(max(1, workers))]
+        actors = [Actor.remote(setup, scratch) for _ in range(max(1, workers))]
         attempts = {n: 0 for n in names}
         queue = list(names)
         running: dict[Any, tuple[Any, str]] = {}
@@ -138,36 +141,49 @@ def _ray(names, source, runtime, keep_dir, options, workers, address) -> Iterato
                         yield _died(n, attempts[n], "Ray actor")
                     else:
                         queue.insert(0, n)     # the actor restarts (max_restarts) and takes it again
+        _quietly(lambda: ray.get([a.close.remote() for a in actors], timeout=60))
     finally:
         if started:
             ray.shutdown()
 
 
 class _RayWorker:
-    def __init__(self, source: TargetSource, runtime: str | None, keep_dir: str, options: dict[str, Any]):
+    def __init__(self, setup: tuple, scratch: str | None):
         import torch
 
         torch.set_num_threads(1)
-        self.worker = SweepWorker(source, runtime, keep_dir, options)
+        self.worker = SweepWorker(*setup, scratch=scratch)
 
     def run(self, name: str) -> dict[str, Any]:
         return self.worker.run(name)
 
+    def close(self) -> None:
+        self.worker.close()
+
 
 # ---- Dask --------------------------------------------------------------------------------------------
-def _dask_run(source: TargetSource, runtime: str | None, keep_dir: str, options: dict[str, Any],
-              name: str) -> dict[str, Any]:
-    key = (source, runtime, keep_dir, tuple(sorted(options.items())))
-    worker = _DASK_WORKERS.get(key)
+def _dask_key(setup: tuple) -> tuple:
+    source, candidate, keep_dir, options = setup
+    return (source, candidate, keep_dir, tuple(sorted(options.items())))
+
+
+def _dask_run(setup: tuple, scratch: str | None, name: str) -> dict[str, Any]:
+    worker = _DASK_WORKERS.get(_dask_key(setup))
     if worker is None:
         import torch
 
         torch.set_num_threads(1)
-        worker = _DASK_WORKERS[key] = SweepWorker(source, runtime, keep_dir, options)
+        worker = _DASK_WORKERS[_dask_key(setup)] = SweepWorker(*setup, scratch=scratch)
     return worker.run(name)
 
 
-def _dask(names, source, runtime, keep_dir, options, workers, address) -> Iterator[dict[str, Any]]:
+def _dask_close(setup: tuple) -> None:
+    worker = _DASK_WORKERS.pop(_dask_key(setup), None)
+    if worker is not None:
+        worker.close()
+
+
+def _dask(names, setup, workers, address, scratch) -> Iterator[dict[str, Any]]:
     try:
         from distributed import Client, LocalCluster, as_completed
         from distributed.scheduler import KilledWorker
@@ -185,7 +201,7 @@ def _dask(names, source, runtime, keep_dir, options, workers, address) -> Iterat
                                    dashboard_address=None, silence_logs=50)
             client = Client(cluster)
         try:
-            futures = {client.submit(_dask_run, source, runtime, keep_dir, options, n, pure=False, key=f"item-{i}"): n
+            futures = {client.submit(_dask_run, setup, scratch, n, pure=False, key=f"item-{i}"): n
                        for i, n in enumerate(names)}
             for fut in as_completed(futures):
                 n = futures[fut]
@@ -193,10 +209,19 @@ def _dask(names, source, runtime, keep_dir, options, workers, address) -> Iterat
                     yield fut.result()
                 except KilledWorker:
                     yield _died(n, MAX_ATTEMPTS, "Dask worker")
+            _quietly(lambda: client.run(_dask_close, setup))
         finally:
             client.close()
             if cluster is not None:
                 cluster.close()
+
+
+def _quietly(cleanup: Callable[[], Any]) -> None:
+    """Remove the workers' artifacts; a worker already gone has nothing left to remove."""
+    try:
+        cleanup()
+    except Exception:  # noqa: BLE001 - cleanup must not turn a finished sweep into an error
+        pass
 
 
 def default_workers() -> int:

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .spec import Sweep, TargetSource
+from .spec import Candidate, Sweep, TargetSource
 
 STATUS_DONE, STATUS_FAILED = "done", "failed"
 
@@ -22,20 +22,20 @@ STATUS_DONE, STATUS_FAILED = "done", "failed"
 class SweepWorker:
     """The state of one worker: the sweep (models and items) and the prepared runtime artifacts."""
 
-    def __init__(self, source: TargetSource, runtime: str | None, keep_dir: str, options: dict[str, Any] | None = None):
+    def __init__(self, source: TargetSource, candidate: Candidate, keep_dir: str,
+                 options: dict[str, Any] | None = None, scratch: str | None = None):
         from ..logs import quiet_third_party
 
         quiet_third_party()
         self.sweep: Sweep = source.load()
         if self.sweep.reference is not None:
             self.sweep.reference.eval()
-        cand = runtime or (self.sweep.candidate if self.sweep.candidate is not None else "onnxruntime")
-        self.candidate = cand.eval() if hasattr(cand, "forward") else cand
+        self.candidate, self.artifact = candidate.build(self.sweep)
         self.options = {**self.sweep.runtime_options, **(options or {})}
         if isinstance(self.candidate, str):
             from ..runtimes import get_runtime
 
-            takes = get_runtime(self.candidate).option_names() or ()
+            takes = get_runtime(self.candidate).option_names(artifact=self.artifact is not None) or ()
             if "threads" in takes and "threads" not in self.options:
                 # the pool runs one item per core: a runtime that also spreads each item over every core
                 # oversubscribes them (2 workers on 2 cores ran no faster than 1)
@@ -44,11 +44,16 @@ class SweepWorker:
                 self.options["threads"] = torch.get_num_threads()
         self.keep_dir = Path(keep_dir)
         self._prepared: dict[tuple, Any] = {}
-        self._workdir = tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-artifacts-")
+        if scratch is not None:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+        # under the driver's scratch directory when there is one: the driver removes it even when this
+        # process is killed (a pool's workers end without running finalizers)
+        self._workdir = Path(tempfile.mkdtemp(prefix="tensorprobe-sweep-artifacts-", dir=scratch))
 
-    @property
-    def candidate_name(self) -> str:
-        return self.candidate if isinstance(self.candidate, str) else type(self.candidate).__name__
+    def close(self) -> None:
+        """Remove the prepared artifacts (exported models, ~200 MB for the Kokoro decoder)."""
+        self._prepared.clear()
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def run(self, name: str) -> dict[str, Any]:
         """Run item `name`; never raises (an error is the item's result)."""
@@ -103,10 +108,14 @@ class SweepWorker:
     def _prepared_for(self, inputs: tuple) -> Any:
         from ..runtimes import get_runtime
 
+        adapter = get_runtime(self.candidate)
+        if self.artifact is not None:      # an exported file: loaded once, whatever the inputs' shapes
+            if "artifact" not in self._prepared:
+                self._prepared["artifact"] = adapter.load(self.artifact, **self.options)
+            return self._prepared["artifact"]
         key = tuple(tuple(t.shape) if hasattr(t, "shape") else repr(t) for t in inputs)
         if key not in self._prepared:
-            adapter = get_runtime(self.candidate)
-            where = Path(self._workdir.name) / str(len(self._prepared))
+            where = self._workdir / str(len(self._prepared))
             self._prepared[key] = adapter.prepare(self.sweep.reference, inputs, where, **self.options)
         return self._prepared[key]
 

@@ -26,8 +26,9 @@ class Sweep:
         reference: the PyTorch model.
         items: `{name: inputs}`, an iterable of `(name, inputs)`, or a sequence of names with `inputs`
             given (a function name -> inputs: nothing is built for items a worker does not run).
-        candidate: a runtime name (`"onnxruntime"`, `"tvm"`, …), a second PyTorch model (a converted or
-            fp16 port), or None (the CLI's `--runtime`, else ONNX Runtime).
+        candidate: a runtime name (`"onnxruntime"`, `"tvm"`, …), an exported artifact's path (`"model.onnx"`,
+            run by the runtime its suffix names), a second PyTorch model (a converted or fp16 port), or None
+            (the CLI's `--runtime`/`--cand`, else ONNX Runtime).
         sample_rate: when the output is audio: `audio check` on the candidate's and `audio diff`.
         runtime_options: passed to the runtime (`-O` of the CLI).
         pipeline: instead of a reference: a TTS pipeline whose `run(text)` returns `(audio, StageReport)`
@@ -82,35 +83,93 @@ def as_sweep(result: Any, spec: str) -> Sweep:
 
 @dataclass(frozen=True)
 class TargetSource:
-    """A sweep target as a worker can load it: the file's text (shipped with each task) or a module name."""
+    """A factory as a worker can load it: the file's text (shipped with each task) or a module name.
+
+    A sweep ships two: the SWEEP_TARGET, and a `--cand` factory when the candidate is a second model.
+    """
 
     spec: str
     file_name: str | None = None
     text: str | None = None
 
     @staticmethod
-    def of(spec: str) -> "TargetSource":
+    def of(spec: str, what: str = "SWEEP_TARGET") -> "TargetSource":
         where, _, attr = spec.rpartition(":")
         if not attr or not where:
-            raise TargetError(f"SWEEP_TARGET {spec!r} must look like path/to/file.py:factory or "
-                              "package.module:factory")
+            raise TargetError(f"{what} {spec!r} must look like path/to/file.py:factory or package.module:factory")
         if where.endswith(".py") or "/" in where:
             path = Path(where)
             if not path.is_file():
-                raise TargetError(f"SWEEP_TARGET {spec!r}: no such file {where}")
+                raise TargetError(f"{what} {spec!r}: no such file {where}")
             return TargetSource(spec, path.name, path.read_text())
         return TargetSource(spec)
 
-    def load(self) -> Sweep:
+    def call(self) -> Any:
+        """What the factory returns, imported from a temporary copy of the shipped file."""
         from ..targets import call_factory
 
         if self.text is None:
-            return as_sweep(call_factory(self.spec), self.spec)
+            return call_factory(self.spec)
         attr = self.spec.rpartition(":")[2]
         with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as d:
             path = Path(d) / self.file_name
             path.write_text(self.text)
-            return as_sweep(call_factory(f"{path}:{attr}"), self.spec)
+            return call_factory(f"{path}:{attr}")
+
+    def load(self) -> Sweep:
+        return as_sweep(self.call(), self.spec)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a sweep compares its reference with, as a worker can rebuild it.
+
+    One of: `runtime` alone (export the reference to it, once per worker and input shape); `runtime` and
+    `artifact`, an exported file (`model.onnx`, `model.pte`) loaded once per worker, whose path must be
+    readable where the workers run; or `factory`, a second PyTorch model (a converted or fp16 port).
+    None of them: the Sweep's own `candidate`, else ONNX Runtime.
+    """
+
+    runtime: str | None = None
+    artifact: str | None = None
+    factory: TargetSource | None = None
+
+    @staticmethod
+    def of(cand: str | None, runtime: str | None) -> "Candidate":
+        """From the CLI's `--cand` (a `file.py:factory` or an artifact path) and `--runtime`."""
+        if cand is None:
+            return Candidate(runtime=runtime)
+        from ..runtimes import runtime_for_artifact
+
+        path = Path(cand)
+        if path.suffix and path.suffix != ".py" and ":" not in path.name:
+            if not path.is_file():
+                raise TargetError(f"--cand {cand!r}: no such artifact file")
+            opener = runtime or runtime_for_artifact(cand)
+            if opener is None:
+                raise TargetError(f"--cand {cand!r}: no runtime opens {path.suffix} files; name one with --runtime")
+            return Candidate(runtime=opener, artifact=str(path.resolve()))
+        if runtime is not None:
+            raise TargetError("--cand FACTORY is a PyTorch model; --runtime does not apply to it")
+        return Candidate(factory=TargetSource.of(cand, "--cand"))
+
+    def build(self, sweep: Sweep) -> tuple[Any, str | None]:
+        """What a worker compares with: (a runtime name or an eval-mode module, the artifact path or None)."""
+        if self.factory is not None:
+            model = self.factory.call()
+            model = model[0] if isinstance(model, (tuple, list)) else model
+            if not isinstance(model, torch.nn.Module):
+                raise TargetError(f"--cand {self.factory.spec!r}: the factory must return a torch.nn.Module "
+                                  f"(or (model, ...)), got {type(model).__name__}")
+            return model.eval(), None
+        if self.artifact is not None:
+            return self.runtime, self.artifact
+        cand = self.runtime or (sweep.candidate if sweep.candidate is not None else "onnxruntime")
+        if isinstance(cand, torch.nn.Module):
+            return cand.eval(), None
+        if isinstance(cand, (str, Path)) and Path(cand).suffix and Path(cand).is_file():
+            return Candidate.of(str(cand), None).build(sweep)        # the factory named an exported file
+        return str(cand), None
 
 
 def names_of(items: Iterable[Any]) -> list[str]:
