@@ -29,6 +29,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Bundle": (".bundle", "Bundle"), "BundleWriter": (".bundle", "BundleWriter"),
     "Capture": (".capture", "Capture"), "capture": (".capture", None),
     "NanOrigin": (".nan", "NanOrigin"), "find_first_nonfinite": (".nan", "find_first_nonfinite"),
+    "find_first_nonfinite_backward": (".nan.backward", "find_first_nonfinite_backward"),
     "find_nonfinite_in_bundle": (".nan", "find_nonfinite_in_bundle"),
     "DiffReport": (".diff", "DiffReport"), "diff": (".diff", None),
     "IsolateReport": (".isolate", "IsolateReport"), "isolate": (".isolate", None),
@@ -63,7 +64,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__", "Bundle", "BundleWriter", "BundleError", "Capture", "InputError", "NanOrigin",
     "Record", "RuntimeUnavailable", "TargetError", "TensorStats", "TensorprobeError", "capture",
-    "compute_stats", "find_first_nonfinite", "find_nonfinite_in_bundle", "open_bundle",
+    "compute_stats", "find_first_nonfinite", "find_first_nonfinite_backward", "find_nonfinite_in_bundle", "open_bundle",
     "DiffReport", "diff", "IsolateReport", "isolate", "CompareResult", "compare", "rng", "preflight",
     "PreflightReport", "rewrite", "stress", "sweep", "Sweep",
 ]

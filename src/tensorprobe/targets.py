@@ -45,6 +45,31 @@ def load_target(spec: str) -> Target:
     return _check_result(spec, call_factory(spec))
 
 
+@dataclass
+class TrainingStep:
+    """A training-step TARGET: `loss = loss_fn(model(*args))`, then `loss.backward()`."""
+
+    spec: str
+    model: torch.nn.Module
+    args: tuple
+    loss_fn: Any
+
+
+def load_training_step(spec: str) -> TrainingStep:
+    """Import `spec` and check that its factory returns `(model, inputs, loss_fn)`."""
+    result = call_factory(spec)
+    if not (isinstance(result, (tuple, list)) and len(result) == 3):
+        raise TargetError(f"TARGET {spec!r}: a training step's factory must return (model, inputs, loss_fn), got "
+                          + (f"{len(result)} values" if isinstance(result, (tuple, list)) else type(result).__name__))
+    model, inputs, loss_fn = result
+    step = _check_result(spec, (model, inputs))
+    if step.kwargs:
+        raise TargetError(f"TARGET {spec!r}: a training step takes positional inputs (a tuple), not a dict")
+    if not callable(loss_fn):
+        raise TargetError(f"TARGET {spec!r}: loss_fn is a {type(loss_fn).__name__}, not callable")
+    return TrainingStep(spec, step.model, step.args, loss_fn)
+
+
 def call_factory(spec: str) -> Any:
     """Import `spec` (`file.py:factory` or `pkg.module:factory`) and return what its factory returns."""
     if ":" not in spec:

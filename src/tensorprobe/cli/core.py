@@ -126,13 +126,25 @@ def _report_capture(bundle: Bundle, seconds: float, json_out: bool) -> None:
 @app.command()
 def nan(
     target: str = typer.Argument(..., help="TARGET (file.py:factory, package.module:factory) or a bundle (dir, .npz, .safetensors)."),
+    backward: bool = typer.Option(False, "--backward", help="TARGET is a training step, (model, inputs, loss_fn): "
+                                  "find the backward op whose gradient is born non-finite."),
     json_out: bool = JsonOption,
 ) -> None:
-    """Find the op where NaN or Inf is born (exit 1 if found)."""
+    """Find the op where NaN or Inf is born (exit 1 if found); with --backward, in a training step's gradients."""
     from ..bundle import Bundle
     from ..nan import find_nonfinite_in_bundle
 
-    if _is_bundle_path(target):
+    if backward:
+        from ..nan.backward import find_first_nonfinite_backward
+        from ..targets import load_training_step
+
+        if _is_bundle_path(target):
+            raise InputError("--backward needs a training-step TARGET (file.py:factory returning (model, inputs, "
+                             "loss_fn)), not a bundle")
+        step = load_training_step(target)
+        with progress(f"checking every backward op of {target}", enabled=not json_out):
+            origin = _run_forward(target, find_first_nonfinite_backward, step.model, step.args, step.loss_fn)
+    elif _is_bundle_path(target):
         origin = find_nonfinite_in_bundle(Bundle.open(target))
     else:
         from ..nan.live import find_first_nonfinite

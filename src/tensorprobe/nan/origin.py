@@ -65,13 +65,27 @@ class NanOrigin:
     ops_checked: int = 0
     note: str | None = None
     incomplete: str | None = None      # a bundle whose capture stopped early: where, and why (nothing found)
+    direction: str = "forward"         # "backward": a gradient born non-finite (`find_first_nonfinite_backward`)
+    backward_op: str | None = None     # the autograd node that made it (SqrtBackward0)
+    elements: str | None = None        # where the non-finite values are: batch rows, channels, frames
+    reaches: tuple[str, ...] = ()      # parameters whose gradient ends non-finite
+    masked: bool = False               # the incoming gradient was 0 there: a value selected away downstream
 
     def headline(self) -> str:
         if not self.found and self.incomplete:
             return (f"No NaN or Inf in the {self.ops_checked} records captured, but {self.incomplete}: what ran "
                     "after it was not checked.")
+        if not self.found and self.direction == "backward":
+            return (f"No NaN or Inf in the backward pass: forward, loss and the gradients of all "
+                    f"{self.ops_checked} backward ops are finite.")
         if not self.found:
             return f"No NaN or Inf: all {self.ops_checked} op outputs are finite."
+        if self.direction == "backward":
+            where = module_label(self.module) if self.module else "the loss"
+            lands = (f"reaches {len(self.reaches)} parameter gradients" if self.reaches
+                     else "masked before any parameter")
+            return (f"NaN/Inf gradient born in the backward pass at {self.backward_op}, the gradient of {self.op} "
+                    f"in {where} ({self.record}); forward and loss finite; {lands}")
         if self.cause == CAUSE_MODEL_INPUT:
             return f"The model inputs are already non-finite ({self.record}): nothing inside the model is to blame."
         if self.cause == CAUSE_PARAMETER:
@@ -87,6 +101,8 @@ class NanOrigin:
         lines = [self.headline()]
         if self.source:
             lines.append(f"  source: {self.source}")
+        if self.elements:
+            lines.append(f"  elements: {self.elements}")
         lines += [f"  - {d}" for d in self.diagnosis]
         return "\n".join(lines)
 
@@ -98,4 +114,6 @@ class NanOrigin:
             "output": self.output.to_dict() if self.output else None, "diagnosis": list(self.diagnosis),
             "spread": [s.to_dict() for s in self.spread], "ops_checked": self.ops_checked,
             "headline": self.headline(), "note": self.note, "incomplete": self.incomplete,
+            "direction": self.direction, "backward_op": self.backward_op, "elements": self.elements,
+            "reaches": list(self.reaches), "masked": self.masked,
         }

@@ -39,12 +39,17 @@ def render_nan_origin(console: Console, origin: NanOrigin) -> None:
         console.print(f"  module type: {escape(origin.module_type)}")
     if origin.source:
         console.print(f"  source: {escape(origin.source)}")
+    if origin.elements:
+        console.print(f"  elements: {escape(origin.elements)}")
+    if origin.reaches:
+        shown = ", ".join(origin.reaches[:6]) + (f" and {len(origin.reaches) - 6} more" if len(origin.reaches) > 6 else "")
+        console.print(f"  reaches the gradients of: {escape(shown)}")
     table = Table(title="evidence", title_justify="left", show_edge=False, pad_edge=False)
     for col in ["tensor", "shape", "dtype", *_STATS_HEAD]:
         table.add_column(col, no_wrap=True)
     rows: list[TensorSummary] = list(origin.inputs) + ([origin.output] if origin.output else [])
     for i, t in enumerate(rows):
-        label = "output" if i == len(rows) - 1 else t.name
+        label = t.name if origin.direction == "backward" or i < len(rows) - 1 else "output"
         table.add_row(escape(label), "×".join(map(str, t.shape)) or "scalar", t.dtype, *_stats_cells(t.stats))
     console.print(table)
     console.print("[bold]diagnosis[/]")
