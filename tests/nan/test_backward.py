@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tensorprobe.examples.training import (Energy, MelPredictor, SafeEnergy, SegmentNorm, batch, masked_energy_step,
-                                           mse_to)
+from tensorprobe.examples.training import Energy, MelPredictor, SafeEnergy, SegmentNorm, batch, mse_to
 from tensorprobe.nan.backward import find_first_nonfinite_backward
 
 
@@ -181,3 +180,13 @@ def test_kokoro_decoder_under_a_spectral_loss_over_padding_names_the_losss_sqrt(
     # detect_anomaly checks for NaN only: it names the op after the origin, where the +Inf turns into NaN
     with pytest.raises(RuntimeError, match="PowBackward0"), torch.autograd.detect_anomaly(check_nan=True):
         loss_fn(model(*inputs)).backward()
+
+
+def test_stopping_at_the_origin_names_the_same_op_and_where_the_gradient_can_flow():
+    inputs, target = _batch()
+    model = MelPredictor(energy=Energy())
+    full = find_first_nonfinite_backward(model, inputs, _mse(target))
+    fast = find_first_nonfinite_backward(model, inputs, _mse(target), full=False)
+    assert (fast.record, fast.backward_op, fast.elements) == (full.record, full.backward_op, full.elements)
+    assert fast.ops_checked < full.ops_checked and set(fast.reaches) == {"encoder.weight", "encoder.bias"}
+    assert any("was not checked" in d for d in fast.diagnosis)

@@ -128,6 +128,9 @@ def nan(
     target: str = typer.Argument(..., help="TARGET (file.py:factory, package.module:factory) or a bundle (dir, .npz, .safetensors)."),
     backward: bool = typer.Option(False, "--backward", help="TARGET is a training step, (model, inputs, loss_fn): "
                                   "find the backward op whose gradient is born non-finite."),
+    stop_at_origin: bool = typer.Option(False, "--stop-at-origin", help="With --backward: end the backward at the "
+                                        "origin (as fast as detect_anomaly); parameters are then those the gradient "
+                                        "flows to, masking after it unchecked."),
     json_out: bool = JsonOption,
 ) -> None:
     """Find the op where NaN or Inf is born (exit 1 if found); with --backward, in a training step's gradients."""
@@ -143,7 +146,8 @@ def nan(
                              "loss_fn)), not a bundle")
         step = load_training_step(target)
         with progress(f"checking every backward op of {target}", enabled=not json_out):
-            origin = _run_forward(target, find_first_nonfinite_backward, step.model, step.args, step.loss_fn)
+            origin = _run_forward(target, find_first_nonfinite_backward, step.model, step.args, step.loss_fn,
+                                  full=not stop_at_origin)
     elif _is_bundle_path(target):
         origin = find_nonfinite_in_bundle(Bundle.open(target))
     else:

@@ -127,13 +127,19 @@ class _NodeNamer(TorchDispatchMode):
 
 
 def find_first_nonfinite_backward(model: torch.nn.Module, inputs: Sequence[Any] | Any,
-                                  loss_fn: Callable[[Any], torch.Tensor]) -> NanOrigin:
+                                  loss_fn: Callable[[Any], torch.Tensor], *, full: bool = True) -> NanOrigin:
     """Run one training step's forward, loss and backward, and return where a NaN/Inf gradient is born.
 
     The step is `loss = loss_fn(model(*inputs))` then `loss.backward()`. The loss function is part of the
     search (its ops are named `loss/<op>.<k>`). When the forward or the loss is already non-finite, the
     finding is that forward op (`direction="forward"`), as `find_first_nonfinite` would report it. The
     model's parameters are not changed; their `.grad`s are restored.
+
+    Args:
+        full: run the whole backward, so that `reaches` lists the parameters whose gradient ends non-finite
+            (and none when a later op masks it). False stops at the origin, as detect_anomaly does (the rest
+            of the backward is not paid for): `reaches` then lists the parameters the origin's gradient flows
+            to, whether or not a later op would mask it.
 
     Returns:
         A `NanOrigin` with `direction="backward"`: `record`, `op` and `module` name the forward op whose
@@ -159,13 +165,13 @@ def find_first_nonfinite_backward(model: torch.nn.Module, inputs: Sequence[Any] 
     try:
         for _, p in params:
             p.grad = None
-        return _search(model, inputs, loss_fn, params)
+        return _search(model, inputs, loss_fn, params, full)
     finally:
         for (_, p), g in zip(params, saved_grads):
             p.grad = g
 
 
-def _search(model, inputs, loss_fn, params) -> NanOrigin:
+def _search(model, inputs, loss_fn, params, full: bool) -> NanOrigin:
     modules = ModuleStack()
     types = {path: type(m).__name__ for path, m in model.named_modules()}
     types[LOSS_MODULE] = getattr(loss_fn, "__name__", type(loss_fn).__name__)
@@ -185,10 +191,12 @@ def _search(model, inputs, loss_fn, params) -> NanOrigin:
         raise InputError("the loss does not depend on any parameter (no grad_fn): nothing to differentiate")
     if not math.isfinite(float(loss.detach())):
         return _forward_finding(namer, loss)
-    watch = _BackwardWatch(namer.sites)
+    watch = _BackwardWatch(namer.sites, stop=not full)
     handles = [node.register_hook(watch.hook(node)) for node in _graph_nodes(loss.grad_fn)]
     try:
         loss.backward(retain_graph=True)     # the origin's saved tensors (sqrt's result: where x = 0) are evidence
+    except _Stop:
+        pass
     finally:
         for h in handles:
             h.remove()
@@ -200,8 +208,12 @@ def _search(model, inputs, loss_fn, params) -> NanOrigin:
                                  f"the gradients of {len(bad)} parameters are non-finite, but no backward node "
                                  "that tensorprobe could watch produced the NaN/Inf",))
         return NanOrigin(found=False, direction="backward", ops_checked=watch.nodes)
-    reaches = tuple(n for n, p in params if p.grad is not None and _has_nonfinite(p.grad))
-    found = watch.finding(reaches)
+    if full:
+        reaches = tuple(n for n, p in params if p.grad is not None and _has_nonfinite(p.grad))
+    else:
+        reachable = {id(v) for v in _leaves_below(watch.origin[0])}
+        reaches = tuple(n for n, p in params if id(p) in reachable)
+    found = watch.finding(reaches, checked_downstream=full)
     if namer.forward_nonfinite is not None:    # made and masked in the forward: often the same op
         site = namer.forward_nonfinite[0]
         found = replace(found, note=f"the forward made a non-finite value at {site.record} ({site.op}) that a later "
@@ -209,9 +221,14 @@ def _search(model, inputs, loss_fn, params) -> NanOrigin:
     return found
 
 
+class _Stop(Exception):
+    """Raised from a backward hook to end the backward at the origin (`full=False`)."""
+
+
 class _BackwardWatch:
-    def __init__(self, sites: dict[Any, _Site]):
+    def __init__(self, sites: dict[Any, _Site], stop: bool = False):
         self.sites = sites
+        self.stop = stop
         self.origin: tuple[Any, tuple, tuple] | None = None
         self.nodes = 0
 
@@ -228,10 +245,12 @@ class _BackwardWatch:
                                                for g in grad_inputs),
                                    tuple(g.detach().clone() if isinstance(g, torch.Tensor) else None
                                          for g in grad_outputs))
+                    if self.stop:
+                        raise _Stop
             return None
         return check
 
-    def finding(self, reaches: tuple[str, ...]) -> NanOrigin:
+    def finding(self, reaches: tuple[str, ...], checked_downstream: bool = True) -> NanOrigin:
         node, made, received = self.origin
         site = self.sites.get(node)
         which = next(i for i, g in enumerate(made) if g is not None and _has_nonfinite(g))
@@ -240,7 +259,7 @@ class _BackwardWatch:
         masked = _masked_fraction(grad, incoming)
         elements = describe_positions(grad)
         base = site.base if site else node.name().removesuffix("Backward0").removesuffix("Backward1").lower()
-        diagnosis = _diagnose(node, base, grad, incoming, masked, reaches, site)
+        diagnosis = _diagnose(node, base, grad, incoming, masked, reaches, site, checked_downstream)
         return NanOrigin(
             found=True, cause=CAUSE_OP, direction="backward", backward_op=node.name(),
             record=site.record if site else node.name(), op=site.op if site else None,
@@ -263,6 +282,11 @@ def _graph_nodes(root) -> list[Any]:
         order.append(node)
         stack.extend(n for n, _ in node.next_functions)
     return order
+
+
+def _leaves_below(node) -> list[torch.Tensor]:
+    """The leaf tensors (parameters) whose AccumulateGrad nodes the gradient of `node` flows to."""
+    return [n.variable for n in _graph_nodes(node) if hasattr(n, "variable")]
 
 
 def _masked_fraction(grad: torch.Tensor, incoming: torch.Tensor | None) -> float | None:
@@ -329,7 +353,8 @@ def _reads_a_variance(node) -> bool:
     return False
 
 
-def _diagnose(node, base: str, grad, incoming, masked: float | None, reaches, site: _Site | None) -> list[str]:
+def _diagnose(node, base: str, grad, incoming, masked: float | None, reaches, site: _Site | None,
+              checked_downstream: bool = True) -> list[str]:
     where = f"{site.record}" if site else node.name()
     bad = ~torch.isfinite(grad)
     out: list[str] = []
@@ -371,7 +396,10 @@ def _diagnose(node, base: str, grad, incoming, masked: float | None, reaches, si
         generic = [d for d in diagnose(ev) if "channel" in d]
         out.append(f"The gradient of {base} is non-finite where every gradient it received is finite: its "
                    f"derivative is infinite (or 0/0) at these inputs." + (f" {generic[0]}" if generic else ""))
-    if reaches:
+    if reaches and not checked_downstream:
+        out.append(f"Its gradient flows to {len(reaches)} parameters (the search stopped at the origin: whether a "
+                   "later op masks it was not checked; the full search says).")
+    elif reaches:
         names = ", ".join(reaches[:MAX_NAMED]) + (f" and {len(reaches) - MAX_NAMED} more" if len(reaches) > MAX_NAMED
                                                   else "")
         out.append(f"It reaches the gradients of {len(reaches)} parameters ({names}): an optimizer step would "
