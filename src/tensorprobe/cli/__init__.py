@@ -19,6 +19,7 @@ from . import isolate  # noqa: F401,E402
 from . import rng  # noqa: F401,E402
 from . import preflight  # noqa: F401,E402
 from . import sweep  # noqa: F401,E402
+from . import train  # noqa: F401,E402
 
 
 def main() -> None:

@@ -1,0 +1,23 @@
+"""Training forensics: watch a run step by step, and find where a NaN is born in the backward pass.
+
+- `monitor`  `Monitor(model, optimizer, run_dir=...)`: per-step loss terms, gradient statistics, update
+             ratios and watched outputs, streamed to RUN; findings with the step and the layer
+- `detect`   the detectors: non-finite, exploding and vanishing gradients, loss plateaus, output collapse,
+             frozen weights, skipped optimizer steps
+- `run`      the run directory's files (`steps.jsonl`, `findings.jsonl`, `meta.json`)
+- `report`   `summarize(RUN)`: what `tensorprobe train report RUN` prints and draws
+
+The backward-NaN search itself is `tensorprobe.nan.backward.find_first_nonfinite_backward`
+(`tensorprobe nan TARGET --backward`); `Monitor(diagnose=...)` runs it on the first step whose gradients go
+non-finite.
+
+    >>> from tensorprobe.train import Monitor                                    # doctest: +SKIP
+    >>> mon = Monitor(model, opt, run_dir="runs/a", watch=["decoder"])           # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from .monitor import Monitor, TrainingStopped
+from .report import RunSummary, summarize
+
+__all__ = ["Monitor", "RunSummary", "TrainingStopped", "summarize"]

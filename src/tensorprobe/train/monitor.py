@@ -1,0 +1,282 @@
+"""`Monitor`: per-step numbers of a training run, streamed to a run directory, and what goes wrong in them.
+
+    monitor = Monitor(model, optimizer, run_dir="runs/tts", watch=["decoder"])
+    for batch in loader:
+        loss = loss_fn(model(*batch))
+        loss.backward()
+        monitor.step(loss, mel=mel_loss, dur=dur_loss)      # after backward, before optimizer.step()
+        optimizer.step(); optimizer.zero_grad()
+    monitor.close()
+
+Each step costs one pass over the gradients (`torch._foreach_norm`: norm and abs-max of every parameter's
+gradient in a few kernel launches) and one device-to-host copy of the figures; with an optimizer, the update
+ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`. Watched modules add four reductions of
+their output per forward.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ..errors import InputError, TensorprobeError
+from .detect import FrozenWeights, GradientHistory, Jumps, LossPlateau, OutputCollapse, SkippedSteps
+from .run import RunWriter, as_float, read_findings, read_rows
+
+
+class TrainingStopped(TensorprobeError):
+    """Raised by `Monitor.step` when a finding of a kind in `stop_on` is made."""
+
+    def __init__(self, finding: dict[str, Any]):
+        super().__init__(f"training stopped at step {finding['step']}: {finding['message']}")
+        self.finding = finding
+
+
+class Monitor:
+    """Record every step's loss terms, gradient statistics, update ratios and watched outputs; flag what goes
+    wrong, with the step and the layer. Never stops training unless asked (`stop_on`).
+
+    Args:
+        model: the module being trained.
+        optimizer: its optimizer (optional): update ratios |Δw|/|w|, frozen weights and skipped steps need it.
+        run_dir: where the run's rows and findings go (reopened to resume).
+        watch: module names or regexes whose outputs' statistics are recorded (output collapse).
+        scaler: a `torch.amp.GradScaler`: gradients are unscaled for the statistics, its scale is logged.
+        window: steps of history the detectors compare with.
+        every: write a row every `every` steps (and every step with a finding); detection runs every step.
+        stop_on: finding kinds that raise `TrainingStopped` (e.g. `("nonfinite_gradient",)`).
+        diagnose: `fn() -> (inputs, loss_fn)` giving the step's batch: on the first non-finite gradient the
+            step is run again under `find_first_nonfinite_backward` to name the op where it is born.
+
+    Example:
+        >>> with Monitor(model, opt, run_dir="runs/a", watch=["decoder"]) as mon:    # doctest: +SKIP
+        ...     for x, y in loader:
+        ...         loss = F.mse_loss(model(x), y); loss.backward()
+        ...         mon.step(loss); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                 run_dir: str | Path = "tensorprobe-run", *, watch: Iterable[str] = (), scaler: Any = None,
+                 window: int = 50, every: int = 1, stop_on: Sequence[str] = (),
+                 diagnose: Callable[[], tuple[Any, Callable]] | None = None):
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"Monitor needs a torch.nn.Module, got {type(model).__name__}")
+        if window < 2 or every < 1:
+            raise InputError("Monitor: window must be at least 2 and every at least 1")
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.every, self.stop_on, self.diagnose = every, tuple(stop_on), diagnose
+        self.run_dir = Path(run_dir)
+        self.findings: list[dict[str, Any]] = []
+        self._gradients = GradientHistory(window)
+        self._plateau = LossPlateau(window)
+        self._collapse = OutputCollapse()
+        self._frozen = FrozenWeights(patience=max(3, window // 5))
+        self._updates = Jumps(window, "update ratio |Δw|/|w|", "exploding_update", None)
+        self._skips = SkippedSteps(window)
+        self._watched = self._watch(watch)
+        self._outputs: dict[str, torch.Tensor] = {}
+        self._handles = [m.register_forward_hook(self._output_hook(name)) for name, m in self._watched]
+        self._before: list[torch.Tensor] | None = None
+        self._ratios: dict[str, float] | None = None
+        self._stepped = False
+        self._pending: dict[str, Any] | None = None
+        self._diagnosed = False
+        self.step_index = self._resume()
+        self._writer = RunWriter(self.run_dir)
+        self._writer.write_meta({"model": type(model).__name__, "parameters": [n for n, _ in self.params],
+                                 "watch": [n for n, _ in self._watched], "window": window, "every": every,
+                                 "optimizer": type(optimizer).__name__ if optimizer is not None else None})
+        if optimizer is not None:
+            self._handles += [optimizer.register_step_pre_hook(self._before_update),
+                              optimizer.register_step_post_hook(self._after_update)]
+
+    # ---- the loop's one call ------------------------------------------------------------------------
+    def step(self, loss: torch.Tensor | float | None = None, **terms: torch.Tensor | float) -> list[dict[str, Any]]:
+        """Record this step (call after `backward()`, before `optimizer.step()`); return its findings."""
+        self._flush_pending()
+        k = self.step_index
+        self.step_index += 1
+        named = [(n, p.grad) for n, p in self.params if p.grad is not None]
+        scalars = {"loss": loss, **{f"loss/{t}": v for t, v in terms.items()}}
+        scalars = {n: v for n, v in scalars.items() if v is not None}
+        values = self._gather(named, scalars)
+        norms = dict(zip((n for n, _ in named), values["norm"]))
+        absmax = dict(zip((n for n, _ in named), values["absmax"]))
+        # a norm overflows float32 long before its elements do: count the elements before calling it non-finite
+        counts = {n: self._count_nonfinite(g) for (n, g), v in zip(named, values["norm"]) if not math.isfinite(v)}
+        nonfinite = {n: c for n, c in counts.items() if c}
+        losses = dict(zip(scalars, values["scalars"]))
+        outputs = values["outputs"]
+        found = (self._gradients.update(k, norms, nonfinite) + self._plateau.update(k, losses)
+                 + self._collapse.update(k, {m: s["std"] for m, s in outputs.items()}))
+        row: dict[str, Any] = {"step": k, "time": round(time.time(), 3), **losses}
+        row.update({f"grad_norm/{n}": v for n, v in norms.items()})
+        row.update({f"grad_absmax/{n}": v for n, v in absmax.items()})
+        row.update({f"grad_nonfinite/{n}": c for n, c in nonfinite.items()})
+        for m, s in outputs.items():
+            row.update({f"out_{stat}/{m}": v for stat, v in s.items()})
+        if self.scaler is not None:
+            row["scale"] = float(self.scaler.get_scale())
+        for f in found:
+            if f["kind"] == "nonfinite_gradient" and self.diagnose is not None and not self._diagnosed:
+                self._diagnosed = True
+                f.update(self._origin())
+        self._pending = {"row": row, "norms": norms, "findings": found}
+        self._stepped = False
+        for f in found:
+            self._record(f)
+        if self.optimizer is None:
+            self._flush_pending()
+        for f in found:
+            if f["kind"] in self.stop_on:
+                self.close()
+                raise TrainingStopped(f)
+        return found
+
+    def close(self) -> None:
+        """Write the last row and close the files (also on `with` exit)."""
+        self._flush_pending()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._writer.close()
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- internals ----------------------------------------------------------------------------------
+    def _gather(self, named: list[tuple[str, torch.Tensor]], scalars: dict[str, Any]) -> dict[str, Any]:
+        """Every figure of the step in one device-to-host copy."""
+        grads = [g.detach() for _, g in named]
+        parts: list[torch.Tensor] = []
+        if grads:
+            parts += [torch.stack([n.float() for n in torch._foreach_norm(grads)]),
+                      torch.stack([n.float() for n in torch._foreach_norm(grads, math.inf)])]
+        tensors = [v.detach().float().reshape(()) for v in scalars.values() if isinstance(v, torch.Tensor)]
+        outs = [self._outputs[m] for m, _ in self._watched if m in self._outputs]
+        device = grads[0].device if grads else torch.device("cpu")
+        flat = torch.cat([p.to(device) for p in parts] + [torch.stack(tensors).to(device)] * bool(tensors)
+                         + [o.to(device) for o in outs]).cpu().tolist() if (parts or tensors or outs) else []
+        n = len(grads)
+        norm, absmax, rest = flat[:n], flat[n:2 * n], flat[2 * n:]
+        if self.scaler is not None and grads:
+            inv = 1.0 / float(self.scaler.get_scale())
+            norm, absmax = [v * inv for v in norm], [v * inv for v in absmax]
+        it = iter(rest[:len(tensors)])
+        scalar_values = [next(it) if isinstance(v, torch.Tensor) else float(v) for v in scalars.values()]
+        out_values = rest[len(tensors):]
+        outputs = {}
+        for i, (m, _) in enumerate((m, _) for m, _ in self._watched if m in self._outputs):
+            mean, std, amax, bad = out_values[4 * i:4 * i + 4]
+            outputs[m] = {"mean": mean, "std": std, "absmax": amax, "nonfinite": int(bad)}
+        self._outputs.clear()
+        return {"norm": norm, "absmax": absmax, "scalars": scalar_values, "outputs": outputs}
+
+    @staticmethod
+    def _count_nonfinite(g: torch.Tensor) -> int:
+        return int((~torch.isfinite(g)).sum())
+
+    def _watch(self, patterns: Iterable[str]) -> list[tuple[str, torch.nn.Module]]:
+        patterns = list(patterns)
+        if not patterns:
+            return []
+        names = dict(self.model.named_modules())
+        chosen = []
+        for pat in patterns:
+            if pat in names:
+                chosen.append((pat, names[pat]))
+                continue
+            try:
+                rx = re.compile(pat)
+            except re.error as e:
+                raise InputError(f"Monitor watch={pat!r}: not a module name and not a valid regex ({e})") from None
+            hits = [(n, m) for n, m in names.items() if n and rx.fullmatch(n)]
+            if not hits:
+                raise InputError(f"Monitor watch={pat!r}: no module of {type(self.model).__name__} has that name")
+            chosen += hits
+        return list(dict(chosen).items())
+
+    def _output_hook(self, name: str):
+        def hook(module, args, output):
+            t = output[0] if isinstance(output, (tuple, list)) else output
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
+                x = t.detach().float()
+                finite = torch.isfinite(x)
+                self._outputs[name] = torch.stack([x.mean(), x.std(), x.abs().amax(), (~finite).sum().float()])
+        return hook
+
+    def _before_update(self, optimizer, args, kwargs) -> None:
+        self._before = [p.detach().clone() for _, p in self.params]
+
+    def _after_update(self, optimizer, args, kwargs) -> None:
+        self._stepped = True
+        if self._before is None:
+            return
+        after = [p.detach() for _, p in self.params]
+        deltas = torch._foreach_norm(torch._foreach_sub(after, self._before))
+        sizes = torch._foreach_norm(after)
+        ratio = (torch.stack(deltas).float() / torch.stack(sizes).float().clamp_min(1e-30)).cpu().tolist()
+        self._ratios = {n: r for (n, _), r in zip(self.params, ratio)}
+        self._before = None
+        self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        row, k = pending["row"], pending["row"]["step"]
+        found: list[dict[str, Any]] = []
+        if self.optimizer is not None:
+            skipped = not self._stepped
+            row["skipped"] = skipped
+            found += self._skips.update(k, skipped)
+            if self._ratios is not None and not skipped:
+                row.update({f"update_ratio/{n}": r for n, r in self._ratios.items()})
+                found += self._updates.update(k, self._ratios) + self._frozen.update(k, self._ratios, pending["norms"])
+            self._ratios = None
+        for f in found:
+            self._record(f)
+        if k % self.every == 0 or pending["findings"] or found:
+            self._writer.row(row)
+
+    def _record(self, f: dict[str, Any]) -> None:
+        self.findings.append(f)
+        self._writer.finding(f)
+
+    def _origin(self) -> dict[str, Any]:
+        """Run this step again in backward-NaN mode: the op where the non-finite gradient is born."""
+        from ..nan.backward import find_first_nonfinite_backward
+
+        try:
+            inputs, loss_fn = self.diagnose()
+            origin = find_first_nonfinite_backward(self.model, inputs, loss_fn)
+        except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not stop the training it watches
+            return {"origin": None, "origin_error": f"{type(e).__name__}: {e}"}
+        return {"origin": origin.to_dict() if origin.found else None,
+                "origin_headline": origin.headline(), "origin_record": origin.record}
+
+    def _resume(self) -> int:
+        """The next step index, with the detectors' history refilled from the run directory's last rows."""
+        last = -1
+        for row in read_rows(self.run_dir):
+            k = int(row.get("step", -1))
+            last = max(last, k)
+            norms = {n.split("/", 1)[1]: as_float(v) for n, v in row.items() if n.startswith("grad_norm/")}
+            self._gradients.update(k, {n: v for n, v in norms.items() if v is not None and math.isfinite(v)}, {})
+            self._plateau.update(k, {n: as_float(v) for n, v in row.items()
+                                     if (n == "loss" or n.startswith("loss/")) and as_float(v) is not None})
+        if last >= 0:
+            # what the history replay just found was found (and written) by the earlier run
+            self._gradients.episodes.active.clear()
+            self._plateau.episodes.active.clear()
+            self.findings = read_findings(self.run_dir)
+        return last + 1
