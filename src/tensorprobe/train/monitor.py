@@ -81,7 +81,8 @@ class Monitor:
         self._skips = SkippedSteps(window)
         self._watched = self._watch(watch)
         self._outputs: dict[str, torch.Tensor] = {}
-        self._handles = [m.register_forward_hook(self._output_hook(name)) for name, m in self._watched]
+        self._grad_stats: dict[str, torch.Tensor] = {}
+        self._handles: list[Any] = []
         self._before: list[torch.Tensor] | None = None
         self._ratios: dict[str, float] | None = None
         self._stepped = False
@@ -92,9 +93,7 @@ class Monitor:
         self._writer.write_meta({"model": type(model).__name__, "parameters": [n for n, _ in self.params],
                                  "watch": [n for n, _ in self._watched], "window": window, "every": every,
                                  "optimizer": type(optimizer).__name__ if optimizer is not None else None})
-        if optimizer is not None:
-            self._handles += [optimizer.register_step_pre_hook(self._before_update),
-                              optimizer.register_step_post_hook(self._after_update)]
+        self.resume()
 
     # ---- the loop's one call ------------------------------------------------------------------------
     def step(self, loss: torch.Tensor | float | None = None, **terms: torch.Tensor | float) -> list[dict[str, Any]]:
@@ -102,18 +101,17 @@ class Monitor:
         self._flush_pending()
         k = self.step_index
         self.step_index += 1
-        named = [(n, p.grad) for n, p in self.params if p.grad is not None]
+        named = [n for n, p in self.params if p.grad is not None or n in self._grad_stats]
         scalars = {"loss": loss, **{f"loss/{t}": v for t, v in terms.items()}}
         scalars = {n: v for n, v in scalars.items() if v is not None}
         values = self._gather(named, scalars)
-        norms = dict(zip((n for n, _ in named), values["norm"]))
-        absmax = dict(zip((n for n, _ in named), values["absmax"]))
-        # a norm overflows float32 long before its elements do: count the elements before calling it non-finite
-        counts = {n: self._count_nonfinite(g) for (n, g), v in zip(named, values["norm"]) if not math.isfinite(v)}
-        nonfinite = {n: c for n, c in counts.items() if c}
+        norms = dict(zip(named, values["norm"]))
+        absmax = dict(zip(named, values["absmax"]))
+        # a norm overflows float32 long before its elements do: the count decides what is non-finite
+        nonfinite = {n: int(c) for n, c in zip(named, values["nonfinite"]) if c}
         losses = dict(zip(scalars, values["scalars"]))
         outputs = values["outputs"]
-        found = (self._gradients.update(k, norms, nonfinite) + self._plateau.update(k, losses)
+        found = (self._gradients.update(k, norms, nonfinite)
                  + self._collapse.update(k, {m: s["std"] for m, s in outputs.items()}))
         row: dict[str, Any] = {"step": k, "time": round(time.time(), 3), **losses}
         row.update({f"grad_norm/{n}": v for n, v in norms.items()})
@@ -131,20 +129,43 @@ class Monitor:
         self._stepped = False
         for f in found:
             self._record(f)
-        if self.optimizer is None:
-            self._flush_pending()
         for f in found:
             if f["kind"] in self.stop_on:
                 self.close()
                 raise TrainingStopped(f)
         return found
 
-    def close(self) -> None:
-        """Write the last row and close the files (also on `with` exit)."""
-        self._flush_pending()
+    def add_loss(self, loss: torch.Tensor | float | None = None, **terms: torch.Tensor | float) -> None:
+        """Attach loss terms to the step recorded last, when they are known only after `step()` (a trainer
+        that hands out the loss at the end of the batch)."""
+        if self._pending is None:
+            return
+        for name, v in {"loss": loss, **{f"loss/{t}": v for t, v in terms.items()}}.items():
+            if v is not None:
+                self._pending["row"][name] = float(v.detach().float()) if isinstance(v, torch.Tensor) else float(v)
+
+    def pause(self) -> None:
+        """Take the monitor's hooks off the model and optimizer (e.g. around validation); `resume()` puts
+        them back."""
         for h in self._handles:
             h.remove()
         self._handles = []
+
+    def resume(self) -> None:
+        if self._handles:
+            return
+        self._handles = [m.register_forward_hook(self._output_hook(name)) for name, m in self._watched]
+        # gradients as the backward made them, before a trainer's clipping rescales them (global-norm clipping
+        # spreads one NaN to every parameter, and hides an explosion)
+        self._handles += [p.register_post_accumulate_grad_hook(self._grad_hook(n)) for n, p in self.params]
+        if self.optimizer is not None:
+            self._handles += [self.optimizer.register_step_pre_hook(self._before_update),
+                              self.optimizer.register_step_post_hook(self._after_update)]
+
+    def close(self) -> None:
+        """Write the last row and close the files (also on `with` exit)."""
+        self._flush_pending()
+        self.pause()
         self._writer.close()
 
     def __enter__(self) -> "Monitor":
@@ -154,21 +175,21 @@ class Monitor:
         self.close()
 
     # ---- internals ----------------------------------------------------------------------------------
-    def _gather(self, named: list[tuple[str, torch.Tensor]], scalars: dict[str, Any]) -> dict[str, Any]:
+    def _gather(self, named: list[str], scalars: dict[str, Any]) -> dict[str, Any]:
         """Every figure of the step in one device-to-host copy."""
-        grads = [g.detach() for _, g in named]
-        parts: list[torch.Tensor] = []
-        if grads:
-            parts += [torch.stack([n.float() for n in torch._foreach_norm(grads)]),
-                      torch.stack([n.float() for n in torch._foreach_norm(grads, math.inf)])]
+        grads = dict(self.params)
+        stats = [self._grad_stats.pop(n, None) for n in named]
+        stats = [s if s is not None else _grad_stats(grads[n].grad) for n, s in zip(named, stats)]
+        self._grad_stats.clear()
+        parts = [torch.stack(stats).T.reshape(-1)] if stats else []
         tensors = [v.detach().float().reshape(()) for v in scalars.values() if isinstance(v, torch.Tensor)]
         outs = [self._outputs[m] for m, _ in self._watched if m in self._outputs]
-        device = grads[0].device if grads else torch.device("cpu")
-        flat = torch.cat([p.to(device) for p in parts] + [torch.stack(tensors).to(device)] * bool(tensors)
-                         + [o.to(device) for o in outs]).cpu().tolist() if (parts or tensors or outs) else []
-        n = len(grads)
-        norm, absmax, rest = flat[:n], flat[n:2 * n], flat[2 * n:]
-        if self.scaler is not None and grads:
+        device = stats[0].device if stats else torch.device("cpu")
+        pieces = parts + ([torch.stack(tensors)] if tensors else []) + outs
+        flat = torch.cat([t.to(device) for t in pieces]).cpu().tolist() if pieces else []
+        n = len(stats)
+        norm, absmax, counts, rest = flat[:n], flat[n:2 * n], flat[2 * n:3 * n], flat[3 * n:]
+        if self.scaler is not None and stats:
             inv = 1.0 / float(self.scaler.get_scale())
             norm, absmax = [v * inv for v in norm], [v * inv for v in absmax]
         it = iter(rest[:len(tensors)])
@@ -179,11 +200,12 @@ class Monitor:
             mean, std, amax, bad = out_values[4 * i:4 * i + 4]
             outputs[m] = {"mean": mean, "std": std, "absmax": amax, "nonfinite": int(bad)}
         self._outputs.clear()
-        return {"norm": norm, "absmax": absmax, "scalars": scalar_values, "outputs": outputs}
+        return {"norm": norm, "absmax": absmax, "nonfinite": counts, "scalars": scalar_values, "outputs": outputs}
 
-    @staticmethod
-    def _count_nonfinite(g: torch.Tensor) -> int:
-        return int((~torch.isfinite(g)).sum())
+    def _grad_hook(self, name: str):
+        def hook(param: torch.Tensor) -> None:
+            self._grad_stats[name] = _grad_stats(param.grad)
+        return hook
 
     def _watch(self, patterns: Iterable[str]) -> list[tuple[str, torch.nn.Module]]:
         patterns = list(patterns)
@@ -227,14 +249,13 @@ class Monitor:
         ratio = (torch.stack(deltas).float() / torch.stack(sizes).float().clamp_min(1e-30)).cpu().tolist()
         self._ratios = {n: r for (n, _), r in zip(self.params, ratio)}
         self._before = None
-        self._flush_pending()
 
     def _flush_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
         row, k = pending["row"], pending["row"]["step"]
-        found: list[dict[str, Any]] = []
+        found = self._plateau.update(k, {n: v for n, v in row.items() if n == "loss" or n.startswith("loss/")})
         if self.optimizer is not None:
             skipped = not self._stepped
             row["skipped"] = skipped
@@ -280,3 +301,10 @@ class Monitor:
             self._plateau.episodes.active.clear()
             self.findings = read_findings(self.run_dir)
         return last + 1
+
+
+def _grad_stats(g: torch.Tensor) -> torch.Tensor:
+    """(L2 norm, abs-max, non-finite count) of a gradient, on its device, in float32."""
+    g = g.detach()
+    return torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32), g.abs().amax().float(),
+                        (~torch.isfinite(g)).sum().float()])

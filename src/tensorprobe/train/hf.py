@@ -1,0 +1,44 @@
+"""`MonitorCallback` for transformers' `Trainer`: a `Monitor` on the model it trains.
+
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[MonitorCallback("runs/a")])
+
+The gradients are read in `on_pre_optimizer_step` (after backward and the Trainer's gradient clipping,
+before the update). The Trainer hands the loss only to its logs: each logged loss (every `logging_steps`,
+averaged over them; set `logging_steps=1` for every step) is added to the step it is logged at.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .monitor import Monitor
+
+
+class MonitorCallback(TrainerCallback):
+    """Record a `Trainer` run with `tensorprobe.train.Monitor` (keyword arguments go to it)."""
+
+    def __init__(self, run_dir: str | Path = "tensorprobe-run", **monitor_kw: Any):
+        self.run_dir, self.monitor_kw = run_dir, monitor_kw
+        self.monitor: Monitor | None = None
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                              **kwargs: Any) -> None:
+        if self.monitor is None:
+            # accelerate wraps the optimizer: the hooks go on the torch optimizer inside
+            self.monitor = Monitor(model, getattr(optimizer, "optimizer", optimizer), self.run_dir, **self.monitor_kw)
+        self.monitor.step()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if self.monitor is not None and logs and "loss" in logs:
+            self.monitor.add_loss(logs["loss"])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        return self.monitor.findings if self.monitor is not None else []
