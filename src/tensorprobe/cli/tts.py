@@ -40,11 +40,20 @@ def check_cmd(
     mel_min: float = typer.Option(-11.5, "--mel-min", help="Expected log-mel minimum."),
     mel_max: float = typer.Option(0.0, "--mel-max", help="Expected log-mel maximum."),
     max_duration: float = typer.Option(200, "--max-duration", help="Frames per token above which it is extreme."),
+    reference: Optional[Path] = typer.Option(None, "--reference", metavar="TRAIN_STATS", help="Training statistics "
+                                             "(tensorprobe.train.ranges.record_ranges(...).save): the mel range (and "
+                                             "duration bound) seen in training replace --mel-min/--mel-max."),
+    reference_mel: Optional[str] = typer.Option(None, "--reference-mel", help="The record of TRAIN_STATS that is "
+                                                "the mel (default: mel, mel_out or output)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Check a recorded TTS run stage by stage; exit 1 on any error finding."""
     try:
         opts: dict = {"mel_range": (mel_min, mel_max), "max_duration_frames": max_duration}
+        if reference is not None:
+            from ..train.ranges import RangeStats, stage_options
+
+            opts.update(stage_options(RangeStats.load(reference), mel=reference_mel))
         if vocab is not None:
             opts["vocab"] = _read_vocab(vocab)
         if embedding_size is not None:

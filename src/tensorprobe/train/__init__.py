@@ -6,6 +6,8 @@
              frozen weights, skipped optimizer steps
 - `run`      the run directory's files (`steps.jsonl`, `findings.jsonl`, `meta.json`)
 - `report`   `summarize(RUN)`: what `tensorprobe train report RUN` prints and draws
+- `ranges`   `record_ranges` over training batches, `check_ranges` of inference runs against them: the
+             module outputs whose inference values leave the training range (`tts check --reference`)
 
 The backward-NaN search itself is `tensorprobe.nan.backward.find_first_nonfinite_backward`
 (`tensorprobe nan TARGET --backward`); `Monitor(diagnose=...)` runs it on the first step whose gradients go
@@ -18,6 +20,8 @@ non-finite.
 from __future__ import annotations
 
 from .monitor import Monitor, TrainingStopped
+from .ranges import RangeReport, RangeStats, check_ranges, record_ranges
 from .report import RunSummary, summarize
 
-__all__ = ["Monitor", "RunSummary", "TrainingStopped", "summarize"]
+__all__ = ["Monitor", "RangeReport", "RangeStats", "RunSummary", "TrainingStopped", "check_ranges", "record_ranges",
+           "summarize"]
