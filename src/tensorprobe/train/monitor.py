@@ -182,13 +182,18 @@ class Monitor:
         stats = [s if s is not None else _grad_stats(grads[n].grad) for n, s in zip(named, stats)]
         self._grad_stats.clear()
         parts = [torch.stack(stats).T.reshape(-1)] if stats else []
+        self._stats_grads = {n: grads[n].grad for n in named}
         tensors = [v.detach().float().reshape(()) for v in scalars.values() if isinstance(v, torch.Tensor)]
         outs = [self._outputs[m] for m, _ in self._watched if m in self._outputs]
         device = stats[0].device if stats else torch.device("cpu")
         pieces = parts + ([torch.stack(tensors)] if tensors else []) + outs
         flat = torch.cat([t.to(device) for t in pieces]).cpu().tolist() if pieces else []
         n = len(stats)
-        norm, absmax, counts, rest = flat[:n], flat[n:2 * n], flat[2 * n:3 * n], flat[3 * n:]
+        norm, absmax, rest = flat[:n], flat[n:2 * n], flat[2 * n:]
+        # an L2 norm overflows float32 long before an element does: count the elements to tell
+        counts = [0 if math.isfinite(v) else _count_nonfinite(self._stats_grads[name])
+                  for name, v in zip(named, norm)]
+        self._stats_grads = {}
         if self.scaler is not None and stats:
             inv = 1.0 / float(self.scaler.get_scale())
             norm, absmax = [v * inv for v in norm], [v * inv for v in absmax]
@@ -304,7 +309,14 @@ class Monitor:
 
 
 def _grad_stats(g: torch.Tensor) -> torch.Tensor:
-    """(L2 norm, abs-max, non-finite count) of a gradient, on its device, in float32."""
+    """(L2 norm, abs-max) of a gradient, on its device, in float32: two reading passes, no temporary (the
+    non-finite count is taken only where a norm is not finite)."""
     g = g.detach()
-    return torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32), g.abs().amax().float(),
-                        (~torch.isfinite(g)).sum().float()])
+    if g.numel() == 0:
+        return torch.zeros(2, device=g.device)
+    lo, hi = torch.aminmax(g)      # 6x faster than an inf-norm on CPU (which is not vectorised), NaN kept
+    return torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32), torch.maximum(hi.float(), -lo.float())])
+
+
+def _count_nonfinite(g: torch.Tensor | None) -> int:
+    return 0 if g is None else int((~torch.isfinite(g.detach())).sum())
