@@ -72,6 +72,18 @@ def test_nan_gradient_at_the_first_silent_batch_is_found_at_its_step_and_origin(
     assert set(nan[0]["params"]) == {"encoder.weight", "encoder.bias"}     # upstream of the energy branch only
     assert nan[0]["origin_record"] == "energy/sqrt.0" and "SqrtBackward0" in nan[0]["origin_headline"]
     assert all(f["step"] >= 130 for f in mon.findings)                    # nothing before it
+    assert len(nan) == 1                                                   # the NaN steps after it: one episode
+
+
+def test_the_readme_worked_example_prints_the_step_and_the_origin(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "tensorprobe.examples.training", str(tmp_path / "run")],
+                       capture_output=True, text=True)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and lines[0].startswith("step 130: nonfinite_gradient in encoder")
+    assert "SqrtBackward0" in lines[1] and "energy/sqrt.0" in lines[1]
 
 
 def test_stop_on_nonfinite_raises_with_the_finding(tmp_path):

@@ -120,3 +120,42 @@ def kokoro_decoder_step(seconds: float = 0.5, pad_fraction: float = 0.3):
     g = torch.Generator().manual_seed(3)
     frames = samples // 64 + 1
     return model, inputs, padded_spectral_loss(torch.rand(1, 129, frames, generator=g), keep)
+
+
+def train_until_nan(run_dir: str = "tensorprobe-run-example", steps: int = 160, silent_from: int = 130):
+    """A worked example: train the mel predictor with the where-masked energy under a `Monitor`; the batches
+    are voiced until step `silent_from`, where the first silent frames arrive and the gradient goes NaN. The
+    monitor re-runs that step in backward-NaN mode. Returns the monitor (its findings)."""
+    from ..train import Monitor
+
+    model = MelPredictor(energy=Energy())
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    current: dict = {}
+    torch.manual_seed(99)
+    proj = torch.randn(N_MELS, N_PHONEME_FEATURES) / 3
+
+    def diagnose():
+        inputs, target = current["batch"]
+        return inputs, mse_to(target)
+
+    with Monitor(model, optimizer, run_dir, watch=["decoder"], diagnose=diagnose) as monitor:
+        for step in range(steps):
+            (phonemes, voiced), _ = batch(seed=step % 16, silent_from=25 if step >= silent_from else FRAMES)
+            target = torch.einsum("mc,bct->bmt", proj, phonemes) * voiced
+            current["batch"] = ((phonemes, voiced), target)
+            loss = F.mse_loss(model(phonemes, voiced), target)
+            optimizer.zero_grad()
+            loss.backward()
+            monitor.step(loss)
+            optimizer.step()
+    return monitor
+
+
+if __name__ == "__main__":
+    import sys
+
+    found = train_until_nan(sys.argv[1] if len(sys.argv) > 1 else "tensorprobe-run-example").findings
+    for f in found[:3]:
+        print(f"step {f['step']}: {f['kind']} in {f['layer']}: {f['message']}")
+        if f.get("origin_headline"):
+            print(f"  origin: {f['origin_headline']}")

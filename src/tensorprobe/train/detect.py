@@ -91,6 +91,7 @@ class GradientHistory:
 
     def __init__(self, window: int):
         self.jumps = Jumps(window, "gradient norm", "exploding_gradient", "vanishing_gradient")
+        self.nonfinite = Episodes()     # steps of NaN gradients in a row are one finding, at the first
 
     @property
     def episodes(self) -> Episodes:
@@ -98,14 +99,19 @@ class GradientHistory:
 
     def update(self, step: int, norms: dict[str, float], nonfinite: dict[str, int]) -> list[dict[str, Any]]:
         out = []
-        if nonfinite:
+        if self.nonfinite.start("any", bool(nonfinite)):
             names = sorted(nonfinite)
             layers = sorted({module_of(n) for n in names})
             out.append(finding(step, "nonfinite_gradient", "error",
-                               f"non-finite gradients in {len(names)} parameters of {len(layers)} layers "
-                               f"(first: {names[0]}, {nonfinite[names[0]]} values)",
+                               f"non-finite gradients in {_count(len(names), 'parameter')} of "
+                               f"{_count(len(layers), 'layer')} (first: {names[0]}, {nonfinite[names[0]]} values); "
+                               "later steps in a row with non-finite gradients are not reported again",
                                layer=layers[0], layers=layers, params=names))
         return out + self.jumps.update(step, {n: v for n, v in norms.items() if n not in nonfinite})
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _by_layer(items: list[tuple[str, float, float]]) -> dict[str, list[tuple[str, float, float]]]:

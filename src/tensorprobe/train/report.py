@@ -42,7 +42,8 @@ class RunSummary:
             return f"{self.steps} steps of {self.model}: no finding."
         first = self.findings[0]
         kinds = sorted({f["kind"] for f in self.findings})
-        return (f"{self.steps} steps of {self.model}: {len(self.findings)} findings ({', '.join(kinds)}); first at "
+        n = len(self.findings)
+        return (f"{self.steps} steps of {self.model}: {n} finding{'' if n == 1 else 's'} ({', '.join(kinds)}); first at "
                 f"step {first['step']}: {first['message']}")
 
     def to_dict(self) -> dict[str, Any]:
