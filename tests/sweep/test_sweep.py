@@ -92,6 +92,11 @@ def test_local_pool_finds_the_diverging_items_survives_a_killed_worker_and_resum
     again = sweep(target, out, workers=2)              # resumes: only the failed item runs again
     assert len(store.path.read_text().splitlines()) == 15 and again.done == 12
     assert (out / "summary.json").exists() and "item00" in (out / "report.html").read_text()
+    from tests.report.test_diff_html import _chromium, _headless
+
+    if _chromium():                                    # the page's shared table script runs in a real browser
+        dom = _headless((out / "report.html").resolve().as_uri(), "--dump-dom").stdout
+        assert "13 of 13 items shown" in dom
 
 
 def test_dask_local_cluster_gives_the_same_items(target, tmp_path):
