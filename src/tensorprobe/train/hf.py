@@ -12,9 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from ..errors import RuntimeUnavailable
 
-from .monitor import Monitor
+try:
+    from transformers import TrainerCallback
+except ImportError:
+    raise RuntimeUnavailable.missing("transformers", "train") from None
+
+from .monitor import Monitor  # noqa: E402
 
 
 class MonitorCallback(TrainerCallback):

@@ -11,12 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..errors import RuntimeUnavailable
+
 try:
     from lightning.pytorch import Callback
-except ImportError:                      # the older package name
-    from pytorch_lightning import Callback  # type: ignore[no-redef]
+except ImportError:
+    try:                                 # the older package name
+        from pytorch_lightning import Callback  # type: ignore[no-redef]
+    except ImportError:
+        raise RuntimeUnavailable.missing("lightning", "train") from None
 
-from .monitor import Monitor
+from .monitor import Monitor  # noqa: E402
 
 
 class MonitorCallback(Callback):
