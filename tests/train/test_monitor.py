@@ -179,3 +179,33 @@ def test_train_report_cli_prints_the_findings_and_writes_the_page(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tensorprobe", "train", "report", str(tmp_path)], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "not a training run directory" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_grad_scaler_skips_are_recorded_and_flagged(tmp_path):
+    """A real torch.amp.GradScaler: ten batches whose gradients overflow make it skip ten optimizer steps (and
+    halve its scale each time); the loss curve shows nothing of it. The monitor marks the rows skipped, unscales
+    the statistics, and flags the skips."""
+    model = MelPredictor()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    mon = Monitor(model, opt, run_dir=tmp_path / "run", scaler=scaler)
+    for k in range(40):
+        inputs, target = _data(k)
+        loss = F.mse_loss(model(*inputs), target)
+        if 20 <= k < 30:                            # a batch with no valid frame: the mean divides by 0
+            loss = loss * (1.0 / torch.tensor(0.0))
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        mon.step(loss)
+        scaler.step(opt)
+        scaler.update()
+    mon.close()
+    rows = [json.loads(r) for r in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["skipped"]] == list(range(20, 30))
+    assert rows[19]["scale"] == 2.0 ** 10 and rows[30]["scale"] == 2.0 ** 0
+    kinds = [(f["step"], f["kind"]) for f in mon.findings]
+    assert (20, "nonfinite_gradient") in kinds and ("skipped_steps" in {k for _, k in kinds})
+    skipped = next(f for f in mon.findings if f["kind"] == "skipped_steps")
+    assert 20 <= skipped["step"] < 30
+    # unscaled: the norms at step 10 are the model's own, not 1024 times them
+    assert rows[10]["grad_norm/decoder.weight"] < 10
