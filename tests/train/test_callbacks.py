@@ -54,7 +54,7 @@ def test_lightning_fit_is_recorded_and_the_nan_step_found(tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
-    cb = MonitorCallback(tmp_path / "run", watch=["net.decoder"])
+    cb = MonitorCallback(tmp_path / "run", watch=["net.decoder"], diagnose=True)
     trainer = L.Trainer(max_epochs=1, callbacks=[cb], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=0)
     trainer.fit(Module(), torch.utils.data.DataLoader(_Batches(), batch_size=1))
@@ -63,9 +63,9 @@ def test_lightning_fit_is_recorded_and_the_nan_step_found(tmp_path):
     assert all(isinstance(r["loss"], float) for r in rows[:SILENT_FROM])              # the loss training_step returned
     assert "update_ratio/net.decoder.weight" in rows[1] and "out_std/net.decoder" in rows[1]
     nan = [f for f in cb.findings if f["kind"] == "nonfinite_gradient"]
-    # the Trainer clips by the global norm, which would make every gradient NaN: read before it, only the
-    # encoder's are (what the backward made)
     assert nan[0]["step"] == SILENT_FROM and nan[0]["layers"] == ["net.encoder"]
+    # re-run through training_step on that batch: the op where the NaN is born
+    assert nan[0]["origin_record"] == "net.energy/sqrt.0" and "SqrtBackward0" in nan[0]["origin_headline"]
     assert all(f["step"] >= SILENT_FROM for f in cb.findings)
 
 

@@ -127,7 +127,8 @@ class _NodeNamer(TorchDispatchMode):
 
 
 def find_first_nonfinite_backward(model: torch.nn.Module, inputs: Sequence[Any] | Any,
-                                  loss_fn: Callable[[Any], torch.Tensor], *, full: bool = True) -> NanOrigin:
+                                  loss_fn: Callable[[Any], torch.Tensor], *, full: bool = True,
+                                  call: Callable[..., Any] | None = None) -> NanOrigin:
     """Run one training step's forward, loss and backward, and return where a NaN/Inf gradient is born.
 
     The step is `loss = loss_fn(model(*inputs))` then `loss.backward()`. The loss function is part of the
@@ -140,6 +141,8 @@ def find_first_nonfinite_backward(model: torch.nn.Module, inputs: Sequence[Any] 
             (and none when a later op masks it). False stops at the origin, as detect_anomaly does (the rest
             of the backward is not paid for): `reaches` then lists the parameters the origin's gradient flows
             to, whether or not a later op would mask it.
+        call: how the model is run on the inputs, `call(model, *inputs)` (default `model(*inputs)`): a
+            LightningModule's `lambda m, batch: m.training_step(batch, 0)`, with `loss_fn` picking the loss.
 
     Returns:
         A `NanOrigin` with `direction="backward"`: `record`, `op` and `module` name the forward op whose
@@ -165,13 +168,13 @@ def find_first_nonfinite_backward(model: torch.nn.Module, inputs: Sequence[Any] 
     try:
         for _, p in params:
             p.grad = None
-        return _search(model, inputs, loss_fn, params, full)
+        return _search(model, inputs, loss_fn, params, full, call)
     finally:
         for (_, p), g in zip(params, saved_grads):
             p.grad = g
 
 
-def _search(model, inputs, loss_fn, params, full: bool) -> NanOrigin:
+def _search(model, inputs, loss_fn, params, full: bool, call=None) -> NanOrigin:
     modules = ModuleStack()
     types = {path: type(m).__name__ for path, m in model.named_modules()}
     types[LOSS_MODULE] = getattr(loss_fn, "__name__", type(loss_fn).__name__)
@@ -179,7 +182,7 @@ def _search(model, inputs, loss_fn, params, full: bool) -> NanOrigin:
     hooks = module_hooks(model.named_modules(), pre=lambda p: _enter(p, modules), post=lambda p: _exit(p, modules),
                          always_call=True)
     with torch.enable_grad(), hooks, namer:
-        out = model(*inputs)
+        out = call(model, *inputs) if call is not None else model(*inputs)
         modules.enter(LOSS_MODULE)
         loss = loss_fn(out)
         modules.exit(LOSS_MODULE)

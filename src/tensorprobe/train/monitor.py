@@ -50,7 +50,8 @@ class Monitor:
         window: steps of history the detectors compare with.
         every: write a row every `every` steps (and every step with a finding); detection runs every step.
         stop_on: finding kinds that raise `TrainingStopped` (e.g. `("nonfinite_gradient",)`).
-        diagnose: `fn() -> (inputs, loss_fn)` giving the step's batch: on the first non-finite gradient the
+        diagnose: `fn() -> (inputs, loss_fn[, call])` giving the step's batch (and how to run the model on it,
+            `call(model, *inputs)`, when not `model(*inputs)`): on the first non-finite gradient the
             step is run again under `find_first_nonfinite_backward` to name the op where it is born.
 
     Example:
@@ -283,8 +284,8 @@ class Monitor:
         from ..nan.backward import find_first_nonfinite_backward
 
         try:
-            inputs, loss_fn = self.diagnose()
-            origin = find_first_nonfinite_backward(self.model, inputs, loss_fn)
+            inputs, loss_fn, *call = self.diagnose()
+            origin = find_first_nonfinite_backward(self.model, inputs, loss_fn, call=call[0] if call else None)
         except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not stop the training it watches
             return {"origin": None, "origin_error": f"{type(e).__name__}: {e}"}
         return {"origin": origin.to_dict() if origin.found else None,
