@@ -131,3 +131,15 @@ class ModuleStack:
     @property
     def current(self) -> tuple[str, int]:
         return self.stack[-1] if self.stack else ("", 0)
+
+    def enter_hook(self, path: str):
+        """A forward pre-hook that enters `path` (for `module_hooks(pre=stack.enter_hook)`)."""
+        def hook(module, args):
+            self.enter(path)  # returns None: a pre-hook's return value would replace the inputs
+        return hook
+
+    def exit_hook(self, path: str):
+        """A forward hook that leaves `path` (register it with always_call=True)."""
+        def hook(module, args, output):
+            self.exit(path)
+        return hook

@@ -179,8 +179,7 @@ def _search(model, inputs, loss_fn, params, full: bool, call=None) -> NanOrigin:
     types = {path: type(m).__name__ for path, m in model.named_modules()}
     types[LOSS_MODULE] = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     namer = _NodeNamer(modules, types)
-    hooks = module_hooks(model.named_modules(), pre=lambda p: _enter(p, modules), post=lambda p: _exit(p, modules),
-                         always_call=True)
+    hooks = module_hooks(model.named_modules(), pre=modules.enter_hook, post=modules.exit_hook, always_call=True)
     with torch.enable_grad(), hooks, namer:
         out = call(model, *inputs) if call is not None else model(*inputs)
         modules.enter(LOSS_MODULE)
@@ -426,14 +425,3 @@ def _forward_finding(namer: _NodeNamer, loss: torch.Tensor) -> NanOrigin:
         diagnosis=tuple(diagnose(ev)) + ("The forward (or the loss) is already non-finite: this is not a "
                                          "backward NaN; fix the forward first.",))
 
-
-def _enter(path: str, modules: ModuleStack):
-    def hook(module, args):
-        modules.enter(path)
-    return hook
-
-
-def _exit(path: str, modules: ModuleStack):
-    def hook(module, args, output):
-        modules.exit(path)
-    return hook

@@ -113,7 +113,7 @@ def find_first_nonfinite(model: torch.nn.Module, *inputs: Any, spread: bool = Tr
     types = {path: type(m).__name__ for path, m in model.named_modules()}
     mode = _NanMode(modules, types)
     spread_list: list[Spread] = []
-    hooks = module_hooks(model.named_modules(), pre=lambda p: _enter_hook(p, modules),
+    hooks = module_hooks(model.named_modules(), pre=modules.enter_hook,
                          post=lambda p: _spread_hook(p, modules, mode, spread_list, spread), always_call=True)
     note = None
     try:
@@ -130,12 +130,6 @@ def find_first_nonfinite(model: torch.nn.Module, *inputs: Any, spread: bool = Tr
     o = mode.origin
     return NanOrigin(**{**o.__dict__, "spread": tuple(spread_list), "ops_checked": mode.ops,
                         "note": o.note or note})
-
-
-def _enter_hook(path: str, modules: ModuleStack):
-    def hook(module, args):
-        modules.enter(path)  # returns None: a pre-hook's return value would replace the inputs
-    return hook
 
 
 def _spread_hook(path: str, modules: ModuleStack, mode: _NanMode, out: list[Spread], enabled: bool):

@@ -177,8 +177,8 @@ class RngReplay:
         if self.model is not None:
             self._modules = ModuleStack()
             for path, mod in self.model.named_modules():
-                self._hooks.append(mod.register_forward_pre_hook(_enter_hook(self._modules, path)))
-                self._hooks.append(mod.register_forward_hook(_exit_hook(self._modules, path), always_call=True))
+                self._hooks.append(mod.register_forward_pre_hook(self._modules.enter_hook(path)))
+                self._hooks.append(mod.register_forward_hook(self._modules.exit_hook(path), always_call=True))
         self._mode = _ReplayMode(self)
         self._mode.__enter__()
         return self
@@ -205,18 +205,6 @@ class _ReplayMode(TorchDispatchMode):
         if mods is not None:
             name = self.replay.name_for(func, *mods.current)
         return self.replay.take(func, args, kwargs or {}, name, user_source_line())
-
-
-def _enter_hook(stack: Any, path: str):
-    def hook(module, args):
-        stack.enter(path)
-    return hook
-
-
-def _exit_hook(stack: Any, path: str):
-    def hook(module, args, output):
-        stack.exit(path)
-    return hook
 
 
 def _written_args(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
