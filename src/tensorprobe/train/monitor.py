@@ -8,10 +8,10 @@
         optimizer.step(); optimizer.zero_grad()
     monitor.close()
 
-Each step costs one pass over the gradients (`torch._foreach_norm`: norm and abs-max of every parameter's
-gradient in a few kernel launches) and one device-to-host copy of the figures; with an optimizer, the update
-ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`. Watched modules add four reductions of
-their output per forward.
+Each step costs two reading passes over each gradient (its L2 norm and `aminmax`, taken by a post-accumulate
+hook as the backward makes it, before any clipping) and one device-to-host copy of all the figures; with an
+optimizer, the update ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`. Watched modules add
+four reductions of their output per forward.
 """
 
 from __future__ import annotations
@@ -283,11 +283,14 @@ class Monitor:
         """Run this step again in backward-NaN mode: the op where the non-finite gradient is born."""
         from ..nan.backward import find_first_nonfinite_backward
 
+        self.pause()            # the re-run's gradients and outputs are not this step's
         try:
             inputs, loss_fn, *call = self.diagnose()
             origin = find_first_nonfinite_backward(self.model, inputs, loss_fn, call=call[0] if call else None)
         except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not stop the training it watches
             return {"origin": None, "origin_error": f"{type(e).__name__}: {e}"}
+        finally:
+            self.resume()
         return {"origin": origin.to_dict() if origin.found else None,
                 "origin_headline": origin.headline(), "origin_record": origin.record}
 
