@@ -102,11 +102,12 @@ class GradientHistory:
         if self.nonfinite.start("any", bool(nonfinite)):
             names = sorted(nonfinite)
             layers = sorted({module_of(n) for n in names})
+            worst = max(names, key=lambda n: nonfinite[n])
             out.append(finding(step, "nonfinite_gradient", "error",
                                f"non-finite gradients in {_count(len(names), 'parameter')} of "
-                               f"{_count(len(layers), 'layer')} (first: {names[0]}, {nonfinite[names[0]]} values); "
+                               f"{_count(len(layers), 'layer')} (most: {worst}, {nonfinite[worst]} values); "
                                "later steps in a row with non-finite gradients are not reported again",
-                               layer=layers[0], layers=layers, params=names))
+                               layer=module_of(worst), layers=layers, params=names))
         return out + self.jumps.update(step, {n: v for n, v in norms.items() if n not in nonfinite})
 
 
