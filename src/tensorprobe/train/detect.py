@@ -115,10 +115,11 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _by_layer(items: list[tuple[str, float, float]]) -> dict[str, list[tuple[str, float, float]]]:
-    out: dict[str, list[tuple[str, float, float]]] = {}
+def _by_layer(items: list[Any]) -> dict[str, list[Any]]:
+    """Group parameter names, or tuples that start with one, by the module (layer) they belong to."""
+    out: dict[str, list[Any]] = {}
     for item in items:
-        out.setdefault(module_of(item[0]), []).append(item)
+        out.setdefault(module_of(item if isinstance(item, str) else item[0]), []).append(item)
     return out
 
 
@@ -191,19 +192,12 @@ class FrozenWeights:
             if self.episodes.start(name, self.still[name] >= self.patience):
                 frozen.append(name)
         out = []
-        for layer, names in _group(frozen).items():
+        for layer, names in _by_layer(frozen).items():
             out.append(finding(step, "frozen_weights", "warning",
                                f"the weights of {layer} stopped moving: {self.patience} optimizer steps left "
                                f"{', '.join(names)} unchanged although their gradient is not zero (a learning rate "
                                "of 0, a parameter missing from the optimizer's groups?)", layer=layer, params=names))
         return out
-
-
-def _group(names: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for n in names:
-        out.setdefault(module_of(n), []).append(n)
-    return out
 
 
 class SkippedSteps:
