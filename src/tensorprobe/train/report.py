@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .detect import module_of
-from .run import as_float, read_findings, read_meta, read_rows
+from .run import STEPS, as_float, count_lines, read_findings, read_meta, read_rows
 
 MAX_POINTS = 400     # columns of the heatmaps and points of the curves
 
@@ -58,7 +58,7 @@ def summarize(run: str | os.PathLike) -> RunSummary:
     >>> [(f["step"], f["kind"], f["layer"]) for f in s.findings]         # doctest: +SKIP
     """
     meta = read_meta(run)
-    total = sum(1 for _ in read_rows(run))
+    total = count_lines(Path(run) / STEPS)     # the stride only: no need to parse every row twice
     stride = max(1, math.ceil(total / MAX_POINTS))
     s = RunSummary(str(run), meta.get("model", "model"), 0, read_findings(run))
     for i, row in enumerate(read_rows(run)):

@@ -77,6 +77,13 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 continue
 
 
+def count_lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
 def read_rows(root: str | os.PathLike) -> Iterator[dict[str, Any]]:
     return read_jsonl(Path(root) / STEPS)
 
