@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 import warnings
-from pathlib import Path
 
 import torch
+from _results import machine, write_results
 
 
 def _timed(fn, repeat: int) -> tuple[float, object]:
@@ -77,10 +75,7 @@ def main() -> None:
                      "detect_anomaly_names": named, "tensorprobe_names": f"{origin.backward_op} = {origin.record}",
                      "tensorprobe_reaches": len(origin.reaches)})
         print(json.dumps(rows[-1]))
-    doc = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads()}, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+    write_results(args.out, {"machine": machine(), "rows": rows})
 
 
 if __name__ == "__main__":

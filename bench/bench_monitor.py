@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -23,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _results import machine, write_results
 
 
 def _kokoro(seconds: float):
@@ -103,10 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [run("mel predictor (examples.training)", _mel, args.steps * 10),
             run(f"Kokoro decoder, {args.seconds} s", lambda: _kokoro(args.seconds), args.steps)]
-    doc = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                       "threads": torch.get_num_threads()}, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+    write_results(args.out, {"machine": machine(), "rows": rows})
 
 
 if __name__ == "__main__":
