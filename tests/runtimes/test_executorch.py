@@ -84,3 +84,61 @@ def test_tapped_dropout_lowers_with_xnnpack_and_matches_pytorch(tmp_path):
     delegated = [r for r in b if r.op.startswith("delegate.")]
     assert delegated and all("opaque" in r.tags for r in delegated)
     assert not any("opaque" in r.tags for r in b if not r.op.startswith("delegate."))
+
+
+class _KokoroAdaIN(torch.nn.Module):
+    """Kokoro's own AdaIN1d (affine instance norm, `(1 + gamma) * norm(x) + beta`), untouched."""
+
+    def __init__(self):
+        super().__init__()
+        from kokoro.istftnet import AdaIN1d
+
+        self.adain = AdaIN1d(8, 16)
+
+    def forward(self, x, style):
+        return self.adain(x, style)
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "executorch-xnnpack"])
+def test_kokoro_adain_norm_kernel_is_recorded_and_named_as_the_origin(runtime, tmp_path):
+    torch.manual_seed(0)
+    model, x, style = _KokoroAdaIN().eval(), mean100_input(), torch.randn(1, 8)
+    b = get_runtime(runtime).capture(model, (x, style), out=tmp_path / "et")
+    # The affine instance norm lowers to two `repeat` kernels and the batch-norm kernel under one debug
+    # handle. Every kernel of a shared handle has its own event; keeping one event per handle lost the norm
+    # kernel, and `nan` had to blame the `mul` after it.
+    origin = find_nonfinite_in_bundle(b)
+    assert origin.found and origin.cause == "record"
+    assert origin.record == "adain.norm/_native_batch_norm_legit.0:0" and origin.module == "adain.norm"
+    assert nan_channels(b.numpy(origin.record)) == [4, 6, 8]
+    assert any("Every NaN channel (4, 6, 8)" in d for d in origin.diagnosis)   # measured on its input
+    assert b.numpy("adain.norm/_native_batch_norm_legit.0:1").shape == (16,)   # its other outputs too
+    # chunk's kernel returns a tensor list: one record per element, equal to PyTorch's gamma and beta
+    with torch.no_grad():
+        gamma, beta = model.adain.fc(style)[..., None].chunk(2, dim=1)
+    torch.testing.assert_close(torch.from_numpy(b.numpy("adain/split_with_sizes_copy.0:0")), gamma)
+    torch.testing.assert_close(torch.from_numpy(b.numpy("adain/split_with_sizes_copy.0:1")), beta)
+
+
+def test_linear_kernels_sharing_a_debug_handle_are_each_recorded(tmp_path):
+    torch.manual_seed(0)
+    model, x, style = _KokoroAdaIN().eval(), torch.randn(1, 16, 40), torch.randn(1, 8)
+    b = get_runtime("executorch").capture(model, (x, style), out=tmp_path / "et")
+    with torch.no_grad():
+        expected = model.adain.fc(style)
+    torch.testing.assert_close(torch.from_numpy(b.numpy("adain.fc/addmm.0")), expected)
+    assert b["adain.fc/permute_copy.0"].shape == (8, 32)   # the weight's transpose, same handle
+
+
+def test_delegate_records_hold_its_outputs_not_its_inputs(tmp_path):
+    torch.manual_seed(0)
+    model, x, style = _KokoroAdaIN().eval(), torch.randn(1, 16, 40), torch.randn(1, 8)
+    b = get_runtime("executorch-xnnpack").capture(model, (x, style), out=tmp_path / "xnn")
+    delegated = [r for r in b if r.op.startswith("delegate.")]
+    assert delegated
+    # ExecuTorch logs every argument of a delegate call, inputs first. The style vector goes into the first
+    # delegate (the fc) and never comes out unchanged, so no record of a delegate's outputs may hold it.
+    assert not [r.name for r in delegated if r.shape == tuple(style.shape)]
+    with torch.no_grad():
+        expected = model(x, style)
+    torch.testing.assert_close(torch.from_numpy(b.numpy(delegated[-1].name)), expected)

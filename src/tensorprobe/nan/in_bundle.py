@@ -46,7 +46,7 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
             continue  # inherited, not born here
         if _cannot_make_nan(r, ins):
             return _unrecorded_origin(b, r, records, len(records))
-        return _bundle_origin(b, r, ins, len(records))
+        return _bundle_origin(b, r, ins, records)
     return NanOrigin(found=False, ops_checked=len(records), incomplete=_incomplete(b))
 
 
@@ -64,7 +64,7 @@ def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> N
             f"cannot make NaN from finite inputs: the NaN came in through a value it read that the bundle does " \
             f"not hold (a kernel whose output the runtime did not expose)."
     if producer is None:
-        return replace(_bundle_origin(b, r, [], n), cause=CAUSE_UNRECORDED, diagnosis=(
+        return replace(_bundle_origin(b, r, [], records), cause=CAUSE_UNRECORDED, diagnosis=(
             first, "No recorded module output inside it holds NaN either: capture at op level with keep='full' "
                    "(or with the runtime's per-kernel outputs) to see the producer."))
     diagnosis = [first, f"{producer.name} is the module output that holds it: the NaN is born inside "
@@ -112,18 +112,21 @@ def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
     return min(inside, key=lambda x: (-x.module.count("."), x.module == r.module, x.order))
 
 
-def _bundle_origin(b: Bundle, r: Record, ins: list[Record], n: int) -> NanOrigin:
+def _bundle_origin(b: Bundle, r: Record, ins: list[Record], records: list[Record]) -> NanOrigin:
     base = canonical_op(r.op)
     if r.has_tensor and ins and all(i.has_tensor for i in ins):   # any producer: rules see canonical op names
         diagnosis = diagnose(Evidence(op=base, inputs=[b.numpy(i.name) for i in ins], output=b.numpy(r.name),
                                       input_dtypes=[i.dtype for i in ins], output_dtype=r.dtype))
     else:
         diagnosis = diagnose_from_stats(base, r.op, [i.stats for i in ins], r.stats)
+        if not ins:   # a runtime's kernel record (no dataflow): a normalization's input is found by shape
+            evidence, measured = _normalization_evidence(b, r, records)
+            diagnosis = evidence + [d for d in diagnosis if not (measured and d == VARIANCE_ADVICE)]
     return NanOrigin(
         found=True, cause=CAUSE_RECORD, record=r.name, op=r.op, module=r.module, source=r.source,
         op_index=r.order, inputs=tuple(TensorSummary(i.name, i.shape, i.dtype, i.stats) for i in ins),
-        output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=tuple(diagnosis), ops_checked=n,
-        note=_incomplete(b),
+        output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=tuple(diagnosis),
+        ops_checked=len(records), note=_incomplete(b),
     )
 
 

@@ -208,19 +208,49 @@ def _events(etdump: Path, debug: Path, etrecord: Path | None) -> list[Any]:
     with redirect_stdout(io.StringIO()):
         inspector = Inspector(etdump_path=str(etdump), debug_buffer_path=str(debug),
                               etrecord=str(etrecord) if etrecord else None)
-    seen: set[tuple] = set()
     out = []
     for block in inspector.event_blocks:
         if block.name != "Execute":
             continue
+        previous = None
         for ev in block.events:
-            handles = ev.debug_handles if isinstance(ev.debug_handles, (list, tuple)) else [ev.debug_handles]
-            key = (tuple(h for h in handles if h is not None), bool(ev.delegate_backend_name))
-            if not ev.debug_data or key in seen:
-                continue  # profiling-only events; OPERATOR_CALL repeats its native_call's data
-            seen.add(key)
-            out.append(ev)
+            # OPERATOR_CALL repeats the data of the native_call just before it. Only that repeat is dropped:
+            # several kernels can share one debug handle (a linear's permute and addmm, instance norm's
+            # repeat and batch-norm kernel), and each has its own output.
+            repeat = ev.name == "OPERATOR_CALL" and previous is not None and previous.name.startswith(
+                "native_call_") and _handles(previous) == _handles(ev)
+            previous = ev
+            if ev.debug_data and not repeat:
+                out.append(ev)
     return out
+
+
+def _handles(ev: Any) -> tuple:
+    handles = ev.debug_handles if isinstance(ev.debug_handles, (list, tuple)) else [ev.debug_handles]
+    return tuple(h for h in handles if h is not None)
+
+
+def _kernel_op(ev: Any) -> str:
+    """The edge op whose kernel the event ran. Its debug handle may cover several ops (`op_types`); the
+    event's name (`native_call_mul.out`) says which of them this kernel is."""
+    op_types = list(ev.op_types or [])
+    kernel = ev.name.removeprefix("native_call_").split(".")[0]
+    for op in op_types:
+        parts = op.split(".")
+        if len(parts) >= 2 and parts[-2] == kernel:
+            return op
+    return _main_op(op_types)
+
+
+def _event_outputs(ev: Any) -> list[torch.Tensor]:
+    """The tensors an event's kernel wrote. A delegate call logs every argument, its inputs first
+    (ExecuTorch cannot tell them apart at run time), so only its last `num_outputs` are its outputs; a kernel
+    returning a tensor list (`split_with_sizes_copy`) gives one tensor per element."""
+    data = list(ev.debug_data)
+    if ev.delegate_backend_name and 0 < getattr(ev, "num_outputs", 0) < len(data):
+        data = data[-ev.num_outputs:]
+    flat = [t for d in data for t in (d if isinstance(d, (list, tuple)) else [d])]
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 def _event_records(ev: Any, counts: dict[tuple[str, str], int], random_zeros: bool = False) -> list[RuntimeTensor]:
@@ -228,14 +258,13 @@ def _event_records(ev: Any, counts: dict[tuple[str, str], int], random_zeros: bo
         op = f"delegate.{ev.delegate_backend_name}"
         module = _common_path(ev.module_hierarchy or {})
     else:
-        op = _main_op(list(ev.op_types or []))
+        op = _kernel_op(ev)
         module = _module_path(ev.module_hierarchy or {}, op)
     k = counts.get((module, op), 0)
     counts[(module, op)] = k + 1
     base = f"{module or '<root>'}/{_op_base(op)}.{k}"
-    data = [d for d in ev.debug_data if isinstance(d, torch.Tensor)]
-    handles = ev.debug_handles if isinstance(ev.debug_handles, (list, tuple)) else [ev.debug_handles]
-    runtime_name = f"{ev.name}#{','.join(str(h) for h in handles)}"
+    data = _event_outputs(ev)
+    runtime_name = f"{ev.name}#{','.join(str(h) for h in _handles(ev))}"
     # the rewritten node keeps its name, so its kernel's record is named after the random op it replaced
     tags = (TAG_RANDOM_REPLACED,) if random_zeros and _op_base(op) in RANDOM_TO_ZEROS_OPS else ()
     if ev.delegate_backend_name:
