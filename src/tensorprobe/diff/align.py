@@ -96,15 +96,28 @@ def load_rules(path: str | os.PathLike) -> list[Rule]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{p}: can't read rules file ({e})") from None
+    return parse_rules(text.splitlines(), where=str(p))
+
+
+def parse_rules(lines: Iterable[str | Rule], where: str = "rules") -> list[Rule]:
+    """Rules from the lines of a rules file (blank lines and `#` comments skipped); a parse error names
+    the line (`where:line`).
+
+        >>> [r.apply("dec.conv_post") for r in parse_rules(["# renames", r"dec\\.(.*)=decoder.\\1"])]
+        ['decoder.conv_post']
+    """
     rules = []
-    for i, line in enumerate(text.splitlines(), 1):
+    for i, line in enumerate(lines, 1):
+        if isinstance(line, Rule):
+            rules.append(line)
+            continue
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         try:
             rules.append(parse_rule(line))
         except InputError as e:
-            raise InputError(f"{p}:{i}: {e}") from None
+            raise InputError(f"{where}:{i}: {e}") from None
     return rules
 
 

@@ -156,7 +156,7 @@ class _InputSources:
     def errors(self, p: PairResult, rel: dict[str, float], carrier: str | None,
                prev: str | None) -> list[tuple[float, str]]:
         """(relative error, name) of the inputs of `p` whose error is known."""
-        inputs = list(self.graph.get(p.name, ()) if self.has_graph else ((prev,) if prev else ()))
+        inputs = self._compared_ancestors(p.name, rel) if self.has_graph else ([prev] if prev else [])
         module_level = p.op.startswith("module:")
         if module_level:
             inputs += self.own_weights.get(p.module, []) + self.children.get(p.name, [])
@@ -171,6 +171,25 @@ class _InputSources:
             src = carrier or prev
             known = [(rel[src], src)]
         return known
+
+
+    def _compared_ancestors(self, name: str, rel: dict[str, float], limit: int = 10_000) -> list[str]:
+        """`name`'s graph inputs, each one the candidate has no record of replaced by what it was computed
+        from, until a compared record (or a weight) is reached: the error of an LSTM's weights reaches the
+        Squeeze after it through the LSTM op, which a module-level candidate never recorded."""
+        found: list[str] = []
+        seen: set[str] = set()
+        todo = list(self.graph.get(name, ()))
+        while todo and len(seen) < limit:
+            i = todo.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            if i in rel:
+                found.append(i)
+            else:
+                todo.extend(self.graph.get(i, ()))
+        return found
 
 
 def _inside_calls(results: Sequence[PairResult]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -277,6 +296,8 @@ def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[
         return p
     if family(rec.op) == "norm":
         return p  # a normalisation's conditioning is per channel: tensor-level statistics underestimate it
+    if not rec.op.startswith("module:") and p.input_name not in rec.inputs:
+        return p  # ops the candidate has no record of ran in between: their rounding is not this op's
     ins = [by_name[i] for i in rec.inputs if i in by_name]
     gain = predicted_gain(rec, ins, _output_index(p.name))
     e_in = p.input_rel_err or 0.0

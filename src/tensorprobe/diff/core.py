@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..record import TAG_DERIVED, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
-from .align import Pair, Rule, align, inconsistent_order_pairs, load_rules, parse_rule, same_shape
+from .align import Pair, Rule, align, inconsistent_order_pairs, load_rules, parse_rule, parse_rules, same_shape
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .metrics import Sums, accumulate, evaluate
@@ -52,8 +52,8 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
         min_corr: minimum Pearson correlation; min_snr: minimum SNR in dB. With no criterion at all, the
             noise-or-divergence rule decides (`tensorprobe.diff.noise`): differences within each record's
             rounding-noise floor pass, anything beyond is a divergence.
-        rules: name-mapping rules `PATTERN=REPLACEMENT` (candidate name -> reference name), or the path
-            of a rules file (format in `tensorprobe.diff.align`).
+        rules: name-mapping rules `PATTERN=REPLACEMENT` (candidate name -> reference name), the path
+            of a rules file (format in `tensorprobe.diff.align`), or that file's text.
         angles: regexes (searched in reference names) of records to compare modulo 2π, besides those
             tagged "angle" by capture (outputs of atan2/angle).
         db: regexes of spectrogram / log-magnitude records to also report in dB; `REGEX=SCALE` picks how
@@ -258,11 +258,13 @@ def _open(b: Bundle | str | os.PathLike) -> Bundle:
 def _rules(rules: Sequence[str | Rule] | str | os.PathLike | None) -> list[Rule]:
     if rules is None:
         return []
+    if isinstance(rules, str) and "\n" in rules:   # the text of a rules file
+        return parse_rules(rules.splitlines())
     if isinstance(rules, (str, os.PathLike)):
         if isinstance(rules, str) and "=" in rules and not os.path.exists(rules):
             return [parse_rule(rules)]
         return load_rules(rules)
-    return [r if isinstance(r, Rule) else parse_rule(r) for r in rules]
+    return parse_rules(rules)
 
 
 def _compile_all(patterns: Sequence[str] | str, what: str) -> list[re.Pattern]:

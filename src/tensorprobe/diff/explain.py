@@ -13,7 +13,10 @@ for some, the data make it large, and the reference's own statistics say how lar
     add, sub,   sum of rms(inputs) / rms(out)                  cancellation
     reductions
     matmul,     sqrt(K)·rms(W)·rms(x) / rms(out)               cancellation inside the dot products
-    conv
+    conv,       (a recurrent cell's output is its gates' matmul
+    LSTM, GRU    squashed: small outputs mean saturated gates)
+    sigmoid     |min x|·(1 − σ(min x))  (min x < 0)            a probability near 0 is exp(x): relative
+                                                               output error = absolute input error
     threshold   unbounded                                      comparisons, rounding, argmax: elements flip
 
 `diff` uses G to tell an op that *amplifies* its inputs' error (expected, and explained here) from one
@@ -50,16 +53,21 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
             "addcmul", "lerp"),
     "linear": ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution", "MatMul",
                "Gemm", "Conv", "ConvTranspose", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "Linear",
-               "einsum", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul", "dot"),
+               "einsum", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul", "dot",
+               # recurrent cells: gate matmuls, then sigmoid/tanh gates whose tails amplify like a cancellation
+               "LSTM", "GRU", "RNN", "lstm", "gru", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+               "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "LSTMCell", "GRUCell", "RNNCell"),
     "threshold": ("gt", "lt", "ge", "le", "eq", "ne", "sign", "round", "floor", "ceil", "trunc", "argmax", "argmin",
                   "topk", "sort", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", "Sign", "Round",
                   "Floor", "Ceil", "ArgMax", "ArgMin", "TopK", "heaviside", "bucketize", "searchsorted"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "Softmax", "LogSoftmax", "Softmax"),
+    "sigmoid": ("sigmoid", "Sigmoid", "Sigmoid"),
 }
 _BY_NAME = {name: fam for fam, names in _FAMILIES.items() for name in names}
 
 
-_MODULE_SUFFIXES = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "Linear", "LayerNorm",
+_MODULE_SUFFIXES = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "Linear", "LSTMCell",
+                    "GRUCell", "LSTM", "GRU", "LayerNorm",
                     "GroupNorm", "RMSNorm", "InstanceNorm1d", "InstanceNorm2d", "BatchNorm1d", "BatchNorm2d")
 
 
@@ -131,7 +139,19 @@ def predicted_gain(rec: Record, inputs: Sequence[Record], output_index: int = 0)
         return 2.0 * k if k is not None else 2.0
     if fam == "softmax":
         return max(1.0, float(x.absmax or 0.0))
+    if fam == "sigmoid":
+        return max(2.0, sigmoid_gain(x))
     return 2.0  # mul, activations, copies: input errors add at most
+
+
+def sigmoid_gain(x: Any) -> float:
+    """Condition number of the sigmoid at the input's most negative value, |x|·(1 − σ(x)): in its lower tail
+    σ(x) ≈ exp(x), so a relative error e of x becomes e·|x| in the output (a VAD's probability of 1e-3 after
+    a logit of −7 carries 7× its logit's relative error). Bounded by |x|; 1 where the input is positive."""
+    lo = float(x.min) if x.min is not None else 0.0
+    if not math.isfinite(lo) or lo >= 0:
+        return 1.0
+    return max(1.0, min(HUGE_GAIN, -lo * (1.0 - 1.0 / (1.0 + math.exp(-max(lo, -700.0))))))
 
 
 def dot_cancellation(rec: Record, inputs: Sequence[Record]) -> float | None:

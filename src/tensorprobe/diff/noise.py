@@ -21,7 +21,10 @@ GPU's TF32 convolutions. `diff`'s default verdict separates that noise from real
   backward pass reads) are compared and shown, never judged.
 - `κ` >= 1 is the cancellation factor of sums, differences, means, normalisations and dot products (how
   much larger the operands are than the result): the mean of zero-mean data has a huge *relative* error
-  that is tiny against the data it came from.
+  that is tiny against the data it came from. A sigmoid in its lower tail counts too: there σ(x) ≈ exp(x),
+  so its output's relative error is its logit's absolute error, |x|·(1 − σ(x)) times the logit's relative
+  error (a VAD's "no speech" probability of 1e-3 after a logit of −7). That gain is bounded by |x| and
+  only spreads rounding, unlike sin, exp or division (below).
 - `NOISE_UNITS` = 32 was calibrated on float32-vs-float64 and TF32-vs-float32 runs of a transformer encoder,
   a conv/LSTM stack and a VITS TTS model (op and module level), whose records stay within 6.2 units of
   `u_acc` (records up to 3,200 ops deep): a margin of 5.
@@ -55,7 +58,7 @@ from ..ops import canonical_op
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, TAG_DERIVED, TAG_QSTEP, WEIGHT_KINDS,
                       Record)
 from .compat import rms
-from .explain import HUGE_GAIN, dot_cancellation, family, norm_gain
+from .explain import HUGE_GAIN, dot_cancellation, family, norm_gain, sigmoid_gain
 
 NOISE_UNITS = 32
 LOCAL_UNITS = 8
@@ -224,6 +227,8 @@ def sensitivity(r: Record, inputs: list[Record], output_index: int = 0) -> list[
     """k_i for each input: the factor between input i's relative error and the relative error it causes in
     r's output, to first order, from the reference statistics (1 where nothing better is known)."""
     fam = family(r.op)
+    if fam == "sigmoid" and r.stats.kind == "float":   # bounded by |x|, and the error it amplifies is rounding
+        return [sigmoid_gain(i.stats) if i.kind not in WEIGHT_KINDS else 1.0 for i in inputs]
     if fam not in ("sum", "norm", "linear") or r.stats.kind != "float":
         return [1.0] * len(inputs)
     out = rms(r.stats)
