@@ -62,3 +62,42 @@ def nan_channels(a) -> list[int]:
 
     a = np.asarray(a)
     return sorted(int(c) for c in np.nonzero(np.isnan(a).reshape(a.shape[0], a.shape[1], -1).any(axis=(0, 2)))[0])
+
+
+class StopGateDecoder(nn.Module):
+    """An autoregressive decoder that runs until a stop gate fires (at most MAX_STEPS): scripted and exported
+    by torch.onnx's TorchScript exporter, the `while` becomes a Loop whose body computes its condition."""
+
+    MAX_STEPS = 40
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.rec, self.proj, self.stop = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 1)
+        with torch.no_grad():   # the gate opens as the state drifts: a few steps, not the cap
+            self.stop.weight.fill_(0.4)
+            self.stop.bias.fill_(-0.5)
+
+    def step(self, x: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        h = torch.tanh(self.inp(x) + self.rec(h))
+        x = torch.tanh(self.proj(h))
+        return x, h, bool(torch.sigmoid(self.stop(h)).sum() < 0.5)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.zeros_like(h)
+        total = torch.zeros_like(h)
+        steps = 0
+        go = True
+        while go and steps < 40:
+            x, h, go = self.step(x, h)
+            total = total + x
+            steps += 1
+        return total, torch.tensor(steps)
+
+    @torch.jit.ignore
+    def states(self, h: torch.Tensor) -> list[torch.Tensor]:
+        """The state after each step, in eager PyTorch."""
+        x, out, go = torch.zeros_like(h), [], True
+        while go and len(out) < self.MAX_STEPS:
+            x, h, go = self.step(x, h)
+            out.append(h)
+        return out

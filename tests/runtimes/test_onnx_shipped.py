@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 import tensorprobe as tp
@@ -286,7 +287,7 @@ def _rnn_graph(op: str, *, stop_inside: bool = False) -> "onnx.ModelProto":
             body.node.remove(next(n for n in body.node if n.name == "keep_going"))
             body.node.extend([helper.make_node("ReduceSum", ["h2"], ["s"], name="sum", keepdims=0),
                               helper.make_node("Greater", ["s", "zero_f"], ["cond_out"], name="positive")])
-            body.initializer.append(onnx.numpy_helper.from_array(np.array(-10.0, np.float32), "zero_f"))
+            body.initializer.append(onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero_f"))
         nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
                  helper.make_node("Gather", ["shape", "zero"], ["T"], name="T", axis=0),
                  helper.make_node("Loop", ["T", "true", "h0"], ["hT", "ys"], name="Loop_0", body=body)]
@@ -321,12 +322,44 @@ def test_loop_and_scan_unroll_into_one_scope_per_iteration(tmp_path, op):
     assert tp.diff(b, get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "c")).verdict == "match"
 
 
-def test_a_loop_that_stops_on_its_own_condition_stays_one_op_and_says_so(tmp_path):
+def test_a_loop_that_stops_on_its_own_condition_is_unrolled_as_often_as_it_ran(tmp_path):
     path = tmp_path / "while.onnx"
     onnx.save(_rnn_graph("Loop", stop_inside=True), str(path))
-    feeds = {"x": np.random.default_rng(1).standard_normal((5, 1, 4)).astype(np.float32)}
-    expected = ort.InferenceSession(str(path)).run(None, feeds)
-    b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "b")
-    assert any(r.op == "Loop" for r in b.records)
-    assert any("stops on a condition its body computes" in n for n in b.manifest["runtime"]["notes"])
-    np.testing.assert_array_equal(b.numpy("output.y"), expected[0])
+    for seed in range(6):   # inputs on which the loop stops early, and on which it runs to the trip count
+        feeds = {"x": np.random.default_rng(seed).standard_normal((5, 1, 4)).astype(np.float32)}
+        expected = ort.InferenceSession(str(path)).run(None, feeds)
+        ran = expected[0].shape[0]           # ORT's own scan output has one entry per iteration run
+        b = get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / f"b{seed}")
+        names = {r.name for r in b.records}
+        assert not any(r.op == "Loop" for r in b.records)
+        assert (f"Loop_0@{ran - 1}/Tanh.0" if ran > 1 else "Loop_0/Tanh.0") in names
+        assert f"Loop_0@{ran}/Tanh.0" not in names
+        assert any(f"it ran {ran} time(s) on these inputs" in n for n in b.manifest["runtime"]["notes"])
+        np.testing.assert_array_equal(b.numpy("output.y"), expected[0])
+        np.testing.assert_array_equal(b.numpy("output.hT"), expected[1])
+
+
+def test_a_scripted_while_loop_exported_by_torch_is_unrolled_and_matches_each_step(tmp_path):
+    # torch.onnx's TorchScript exporter turns a `while` on a stop gate into a Loop whose body computes its
+    # condition: an autoregressive decoder. Iteration k's state must be PyTorch's state at step k.
+    from ._export_models import StopGateDecoder
+
+    torch.manual_seed(0)
+    model = StopGateDecoder().eval()
+    h = torch.randn(1, 8)
+    with torch.no_grad():
+        states = model.states(h)
+    assert 2 < len(states) < StopGateDecoder.MAX_STEPS      # it stops on its gate, not on the step cap
+    path = tmp_path / "decoder.onnx"
+    torch.onnx.export(torch.jit.script(model), (h,), str(path), dynamo=False, input_names=["h"],
+                      output_names=["total", "steps"], opset_version=17)
+    b = get_runtime("onnxruntime").capture_artifact(path, {"h": h.numpy()}, tmp_path / "b")
+    assert any(f"it ran {len(states)} time(s)" in n for n in b.manifest["runtime"]["notes"])
+    assert b.numpy("output.steps").reshape(-1).tolist() == [len(states)]
+    tanh = {r.name: r for r in b.records if r.op == "Tanh"}
+    for k, state in enumerate(states):   # the first Tanh of each iteration is the new state
+        scope = f"Loop@{k}" if k else "Loop"
+        np.testing.assert_allclose(b.numpy(f"{scope}/Tanh.0"), state.numpy(), rtol=1e-5, atol=1e-6)
+    assert f"Loop@{len(states)}/Tanh.0" not in tanh
+    again = get_runtime("onnxruntime").capture_artifact(path, {"h": h.numpy()}, tmp_path / "c")
+    assert tp.diff(b, again).verdict == "match"

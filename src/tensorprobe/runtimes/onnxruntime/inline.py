@@ -12,8 +12,9 @@ its nodes are named `/<If node>/then/<node>` (or `else`), so records say which b
 `Loop` and `Scan` nodes whose iteration count the inputs fix (a `Loop` with a trip count and a condition
 its body passes through unchanged, as exported `for` loops are; any `Scan`) are unrolled the same way:
 iteration k's nodes carry the scope `<Loop node>@k`, so records read `Loop_0@3/MatMul.0`, as the 4th call
-of a PyTorch module reads `rnn@3`. A `Loop` that stops on a condition its body computes stays one op,
-captured at its boundary, and a note says so.
+of a PyTorch module reads `rnn@3`. A `Loop` that stops on a condition its body computes (a `while` loop:
+an autoregressive decoder's stop token) is run once with its iteration number as an extra scan output,
+which counts its iterations on these inputs, and is then unrolled that many times; a note says so.
 
     >>> model, notes = inline_for_capture(onnx.load("vad.onnx"), feeds, run)   # doctest: +SKIP
     >>> notes
@@ -115,10 +116,11 @@ def inline_for_capture(model: Any, feeds: dict[str, np.ndarray], run: RunFn) -> 
         loops = [n for n in model.graph.node if n.op_type in ("Loop", "Scan")]
         if not ifs and not loops:
             break
-        values = _probe(model, feeds, [n.input[0] for n in ifs] + [v for n in loops for v in _count_inputs(n)], run)
+        names = [n.input[0] for n in ifs] + [v for n in loops for v in _count_inputs(n)]
+        values, ran = _probe_with_counters(model, feeds, names, loops, run)
         decided = {id(n): _truth(values.get(n.input[0])) for n in ifs}
         decided = {k: v for k, v in decided.items() if v is not None}
-        counts = {id(n): c for n in loops if (c := _iterations(n, values, notes)) is not None}
+        counts = {id(n): c for n in loops if (c := _iterations(n, values, notes, ran.get(id(n)))) is not None}
         if not decided and not counts:
             break
         model = _replace(model, decided, counts)
@@ -143,8 +145,44 @@ def _count_inputs(node: Any) -> list[str]:
     return [node.input[len(node.input) - n_scan]] if n_scan else []
 
 
-def _iterations(node: Any, values: dict[str, Any], notes: list[str]) -> int | None:
-    """How many times a Loop or Scan runs on these inputs, or None (with a note) when that is not fixed."""
+def _probe_with_counters(model: Any, feeds: dict[str, np.ndarray], names: list[str], loops: list[Any],
+                         run: RunFn) -> tuple[dict[str, Any], dict[int, int]]:
+    """`_probe`, and how many times each Loop whose body computes its own condition ran on these inputs
+    (node id -> count). Such a loop is counted by giving its body one more scan output, a copy of its
+    iteration number, in a copy of the model: its length is the count. Where ONNX Runtime refuses that
+    copy, the loops go uncounted (captured as one op)."""
+    import onnx
+    from onnx import helper
+
+    dynamic = [i for i, n in enumerate(model.graph.node) if n.op_type == "Loop" and not
+               _passes_condition_through(_attr(n, "body"))]
+    if not dynamic:
+        return _probe(model, feeds, names, run), {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    taken = set(_defined(model.graph))
+    counters: dict[int, str] = {}
+    for i in dynamic:
+        node = probe.graph.node[i]
+        body = next(a.g for a in node.attribute if a.name == "body")
+        name = f"{node.output[0] or node.name}.tensorprobe_iterations"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        body.node.append(helper.make_node("Identity", [body.input[0].name], [f"{name}.step"]))
+        body.output.append(helper.make_tensor_value_info(f"{name}.step", onnx.TensorProto.INT64, []))
+        node.output.append(name)
+        counters[id(model.graph.node[i])] = name
+    try:
+        values = _probe(probe, feeds, names + list(counters.values()), run)
+    except Exception:   # the counted copy is refused: count nothing rather than lose the Ifs
+        return _probe(model, feeds, names, run), {}
+    return values, {k: int(np.asarray(values[v]).shape[0]) for k, v in counters.items() if v in values}
+
+
+def _iterations(node: Any, values: dict[str, Any], notes: list[str], ran: int | None = None) -> int | None:
+    """How many times a Loop or Scan runs on these inputs, or None (with a note) when that is not fixed.
+    `ran`: how many times a Loop that computes its own condition ran on these inputs (measured)."""
     body = _attr(node, "body")
     label = node.name or node.output[0]
     if node.op_type == "Scan":
@@ -157,10 +195,18 @@ def _iterations(node: Any, values: dict[str, Any], notes: list[str]) -> int | No
     else:
         trip = values.get(node.input[0]) if node.input[0] else None
         first = _truth(values.get(node.input[1])) if len(node.input) > 1 and node.input[1] else True
-        if trip is None or not _passes_condition_through(body):
-            notes.append(f"{node.op_type} {label} stops on a condition its body computes: captured as one op")
+        if not _passes_condition_through(body):
+            if ran is None:
+                notes.append(f"{node.op_type} {label} stops on a condition its body computes: captured as one op")
+                return None
+            count = ran
+            notes.append(f"{node.op_type} {label} stops on a condition its body computes; it ran {count} time(s) "
+                         f"on these inputs and is unrolled that many times")
+        elif trip is None:
+            notes.append(f"{node.op_type} {label} has no trip count: captured as one op")
             return None
-        count = int(np.asarray(trip).reshape(-1)[0]) if first else 0
+        else:
+            count = int(np.asarray(trip).reshape(-1)[0]) if first else 0
     if count < 1 or count * len(body.node) > MAX_UNROLLED_NODES:
         notes.append(f"{node.op_type} {label} runs {count} time(s): captured as one op")
         return None
