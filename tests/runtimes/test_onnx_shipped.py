@@ -363,3 +363,12 @@ def test_a_scripted_while_loop_exported_by_torch_is_unrolled_and_matches_each_st
     assert f"Loop@{len(states)}/Tanh.0" not in tanh
     again = get_runtime("onnxruntime").capture_artifact(path, {"h": h.numpy()}, tmp_path / "c")
     assert tp.diff(b, again).verdict == "match"
+    # PyTorch's module calls (`proj@3`) line up with the iterations (`Loop@3/Gemm.2`) through four rules
+    rules = [rf"{m}(@\d+)?=Loop\1/Gemm.{k}" for k, m in enumerate(("inp", "rec", "proj", "stop"))]
+    report = tp.diff(b, tp.capture(model, h, out=tmp_path / "torch"), rules=rules)
+    assert report.verdict == "match", report.summary
+    assert {f"Loop@{k}/Gemm.2" for k in range(1, len(states))} <= {p.name for p in report.pairs}
+    with torch.no_grad():
+        model.proj.weight.mul_(1.01)   # a 1% conversion error in one weight
+    report = tp.diff(b, tp.capture(model, h, out=tmp_path / "bug"), rules=rules)
+    assert report.first_divergence == "Loop/Gemm.2" and report.pair("Loop/Gemm.2").cause == "weights"
