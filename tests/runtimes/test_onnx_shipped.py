@@ -318,7 +318,7 @@ def test_loop_and_scan_unroll_into_one_scope_per_iteration(tmp_path, op):
     np.testing.assert_allclose(b.numpy(f"{op}_0@3/Tanh.0"), expected[0][3] / 2, rtol=1e-6)
     for got, want in zip((b.numpy("output.y"), b.numpy("output.hT")), expected):
         np.testing.assert_array_equal(got, want)
-    assert any(f"unrolled 1 Loop/Scan" in n for n in b.manifest["runtime"]["notes"])
+    assert any("unrolled 1 Loop/Scan" in n for n in b.manifest["runtime"]["notes"])
     assert tp.diff(b, get_runtime("onnxruntime").capture_artifact(path, feeds, tmp_path / "c")).verdict == "match"
 
 

@@ -172,7 +172,6 @@ class _InputSources:
             known = [(rel[src], src)]
         return known
 
-
     def _compared_ancestors(self, name: str, rel: dict[str, float], limit: int = 10_000) -> list[str]:
         """`name`'s graph inputs, each one the candidate has no record of replaced by what it was computed
         from, until a compared record (or a weight) is reached: the error of an LSTM's weights reaches the

@@ -61,7 +61,7 @@ _FAMILIES: dict[str, tuple[str, ...]] = {
                   "topk", "sort", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Equal", "Sign", "Round",
                   "Floor", "Ceil", "ArgMax", "ArgMin", "TopK", "heaviside", "bucketize", "searchsorted"),
     "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "Softmax", "LogSoftmax", "Softmax"),
-    "sigmoid": ("sigmoid", "Sigmoid", "Sigmoid"),
+    "sigmoid": ("sigmoid", "Sigmoid"),
 }
 _BY_NAME = {name: fam for fam, names in _FAMILIES.items() for name in names}
 
