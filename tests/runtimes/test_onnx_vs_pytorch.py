@@ -61,10 +61,8 @@ def test_the_port_matches_the_shipped_onnx_record_for_record(onnx_ref, tmp_path,
 def test_the_package_safetensors_are_other_weights_and_diff_says_where(onnx_ref, tmp_path):
     # silero_vad_16k.safetensors is not the network of the package's ONNX or TorchScript files: only the STFT
     # basis is the same. The port built from it parts from the ONNX file at the first learned layer.
-    from safetensors.torch import load_file
-
-    state = load_file(str(silero.package_file("silero_vad_16k.safetensors")))
-    report = diff(onnx_ref[0], _port_capture(state, 0, tmp_path / "st"), rules=silero.RULES)
+    model, inputs = silero.safetensors_port()
+    report = diff(onnx_ref[0], capture(model, *inputs, keep="full", out=tmp_path / "st"), rules=silero.RULES)
     assert not report.passed
     assert report.first_divergence == "model.encoder.0.reparam_conv"
     assert report.pair("model.stft/Conv.0").passed
