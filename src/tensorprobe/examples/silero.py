@@ -23,6 +23,7 @@ Command line: `python -m tensorprobe.examples.silero DIR` writes `DIR/frame.npz`
 from __future__ import annotations
 
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
@@ -174,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..bundle import atomic_write_bytes
 
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "frame.npz.tmp", "wb") as f:
-        np.savez(f, **onnx_feeds())
-    (out / "frame.npz.tmp").replace(out / "frame.npz")
+    feeds = io.BytesIO()
+    np.savez(feeds, **onnx_feeds())
+    atomic_write_bytes(out / "frame.npz", feeds.getvalue())
     atomic_write_bytes(out / "rules.txt", RULES.encode())
     print(f"tensorprobe capture {onnx} --inputs {out / 'frame.npz'} -o {out / 'onnx'}\n"
           f"tensorprobe capture tensorprobe.examples.silero:pytorch_port -o {out / 'port'}\n"

@@ -117,7 +117,7 @@ def inline_for_capture(model: Any, feeds: dict[str, np.ndarray], run: RunFn) -> 
         if not ifs and not loops:
             break
         names = [n.input[0] for n in ifs] + [v for n in loops for v in _count_inputs(n)]
-        values, ran = _probe_with_counters(model, feeds, names, loops, run)
+        values, ran = _probe_with_counters(model, feeds, names, run)
         decided = {id(n): _truth(values.get(n.input[0])) for n in ifs}
         decided = {k: v for k, v in decided.items() if v is not None}
         counts = {id(n): c for n in loops if (c := _iterations(n, values, notes, ran.get(id(n)))) is not None}
@@ -145,7 +145,7 @@ def _count_inputs(node: Any) -> list[str]:
     return [node.input[len(node.input) - n_scan]] if n_scan else []
 
 
-def _probe_with_counters(model: Any, feeds: dict[str, np.ndarray], names: list[str], loops: list[Any],
+def _probe_with_counters(model: Any, feeds: dict[str, np.ndarray], names: list[str],
                          run: RunFn) -> tuple[dict[str, Any], dict[int, int]]:
     """`_probe`, and how many times each Loop whose body computes its own condition ran on these inputs
     (node id -> count). Such a loop is counted by giving its body one more scan output, a copy of its
