@@ -49,7 +49,13 @@ def assert_consistent(r):
         assert (sc.status == "warning") == (T.full_scale < sc.figure <= T.absurd_peak)
     nc = v["near_constant"]
     if nc.status != "skipped":
-        assert (nc.status == "error") == (nc.figure < T.near_constant_std and sil.status != "error")
+        d = nc.details
+        stuck_or_dead = (d["rms"] == 0 or nc.figure < T.near_constant_db
+                         or (d["variation_peak_dbfs"] < T.silence_peak_dbfs and abs(d["value"]) > d["variation_peak"]))
+        assert (nc.status == "error") == (stuck_or_dead and sil.status != "error")
+    st = v["stuck"]
+    if st.status != "skipped" and st.figure is not None:
+        assert (st.status == "error") == (st.figure >= T.stuck_min_s)
     dc = v["dc_offset"]
     if dc.status != "skipped":
         assert (dc.status == "warning") == (dc.figure > T.dc_offset)

@@ -21,13 +21,20 @@ Checks, in report order (figure → verdict):
     non_finite    count of NaN/Inf        error above max_nonfinite (first index in details)
     scale         peak (float audio)      warning above 1.0 (full scale), error above absurd_peak (e.g. 1e9)
     silence       peak dBFS               error below silence_peak_dbfs; warning when only RMS is below silence_rms_dbfs
-    near_constant std                     error below near_constant_std on a signal that is not silent
+                                          (a peak below quiet_peak_dbfs is not an error: the report gets a `quiet` note)
+    near_constant std / RMS, dB           error below near_constant_db (variation negligible against the channel's own
+                                          level: a stuck value or a DC offset at any level), or when a channel's
+                                          variation alone is below silence_peak_dbfs while the signal is not silent
+    stuck         seconds                 error when a value is held for stuck_min_s or longer (away from the
+                                          channel's mean by stuck_level_db of its variation; zeros and clipping excluded)
     dc_offset     |mean| (worst channel)  warning above dc_offset
     clipping      share of clipped samples warning / error above clip_share_warning / clip_share_error
     noise_like    spectral flatness       error above noise_flatness (long-term spectrum flat like white noise)
 
 Figures are computed on the finite samples; dBFS is relative to full scale 1.0 (integer PCM is scaled by
-its type's maximum first) and floored at -240 dBFS, which means digital zero.
+its type's maximum first) and floored at -240 dBFS, which means digital zero. Only `silence`, `scale`,
+`clipping` and `dc_offset` look at absolute levels; the rules for a stuck or near-constant signal compare a
+channel with its own level, so the same audio played 40 dB quieter gets the same verdicts (and a `quiet` note).
 """
 
 from __future__ import annotations
@@ -48,8 +55,11 @@ OK = "ok"
 SKIPPED = "skipped"
 DB_FLOOR = -240.0
 
-CHECK_NAMES = ("length", "sample_rate", "channels", "non_finite", "scale", "silence", "near_constant",
+CHECK_NAMES = ("length", "sample_rate", "channels", "non_finite", "scale", "silence", "near_constant", "stuck",
                "dc_offset", "clipping", "noise_like")
+# Thresholds that no longer exist, and what replaced them (named in the error when one is overridden).
+RETIRED_THRESHOLDS = {"near_constant_std": "near_constant_db (near-constant is judged against the signal's own "
+                                           "level, in dB)"}
 
 
 @dataclass(frozen=True)
@@ -71,7 +81,10 @@ class Thresholds:
     full_scale: float = 1.0            # warning: float audio peak above this (it will clip when written)
     silence_peak_dbfs: float = -60.0   # error: peak below this is silence (0.001, seed 002)
     silence_rms_dbfs: float = -70.0    # warning: RMS below this while the peak is not (mostly silent)
-    near_constant_std: float = 1e-3    # error: std below this on a non-silent signal (stuck value)
+    quiet_peak_dbfs: float = -40.0     # note (not an error): peak below this but above silence_peak_dbfs
+    near_constant_db: float = -60.0    # error: a channel's std this far below its RMS (a stuck value or DC, any level)
+    stuck_min_s: float = 0.01          # error: a value held this long (seconds) ...
+    stuck_level_db: float = -20.0      # ... at least this far from the channel's mean, in dB of its largest excursion
     dc_offset: float = 0.05            # warning: |mean| of a channel above this (fraction of full scale)
     clip_level: float = 0.99           # a sample at or above this fraction of full scale may be clipped
     clip_min_run: float = 3            # ... and is counted when it sits in a flat run at least this long
@@ -87,6 +100,8 @@ class Thresholds:
         """A copy with some thresholds changed; values may be strings ("-50", "1e9"). Unknown names raise."""
         changes = {}
         for name, value in overrides.items():
+            if name in RETIRED_THRESHOLDS:
+                raise InputError(f"threshold {name!r} was replaced by {RETIRED_THRESHOLDS[name]}")
             if name not in self.names():
                 raise InputError(f"unknown threshold {name!r}; known thresholds: {', '.join(self.names())}")
             try:
@@ -357,7 +372,8 @@ def _levels(s: _Signal) -> tuple[float, float]:
 def check_silence(s: _Signal, t: Thresholds) -> Verdict:
     peak, rms = _levels(s)
     peak_db, rms_db = dbfs(peak), dbfs(rms)
-    details = {"peak": peak, "rms": rms, "rms_dbfs": rms_db}
+    quiet = t.silence_peak_dbfs <= peak_db < t.quiet_peak_dbfs
+    details = {"peak": peak, "rms": rms, "rms_dbfs": rms_db, "quiet": quiet}
     if peak_db < t.silence_peak_dbfs:
         zero = " (digital zero)" if peak == 0 else ""
         return _verdict("silence", ERROR, peak_db, "dBFS", t.silence_peak_dbfs, ERROR,
@@ -366,28 +382,129 @@ def check_silence(s: _Signal, t: Thresholds) -> Verdict:
         return _verdict("silence", WARNING, peak_db, "dBFS", t.silence_rms_dbfs, ERROR,
                         f"mostly silent: RMS {rms_db:.1f} dBFS is below {t.silence_rms_dbfs:g} dBFS "
                         f"(peak {peak_db:.1f} dBFS)", **details)
+    level = f"peak {peak_db:.1f} dBFS, RMS {rms_db:.1f} dBFS"
     return _verdict("silence", None, peak_db, "dBFS", t.silence_peak_dbfs, ERROR,
-                    f"peak {peak_db:.1f} dBFS, RMS {rms_db:.1f} dBFS", **details)
+                    f"quiet: {level} (below {t.quiet_peak_dbfs:g} dBFS, not silent)" if quiet else level, **details)
+
+
+def quiet_note(s: _Signal, t: Thresholds) -> str | None:
+    """The `quiet` note of a signal whose peak is below `quiet_peak_dbfs` but not silent, else None."""
+    peak, rms = _levels(s)
+    if not t.silence_peak_dbfs <= dbfs(peak) < t.quiet_peak_dbfs:
+        return None
+    return (f"quiet: peak {dbfs(peak):.1f} dBFS, RMS {dbfs(rms):.1f} dBFS (below {t.quiet_peak_dbfs:g} dBFS); "
+            f"not an error: the stuck and near-constant checks judge it against its own level")
 
 
 def is_silent(s: _Signal, t: Thresholds) -> bool:
     return dbfs(_levels(s)[0]) < t.silence_peak_dbfs
 
 
+@dataclass(frozen=True)
+class _ChannelLevel:
+    """One channel's level and variation, measured on samples divided by their peak (no overflow at 1e300)."""
+
+    channel: int
+    mean: float
+    std: float
+    rms: float
+    ac_peak: float   # largest |x - mean|: the level of the channel's variation
+
+    @property
+    def variation_db(self) -> float:
+        """std against RMS in dB: 0 dB for audio centred on zero, -inf (floored) for a constant."""
+        return dbfs(self.std / self.rms) if self.rms > 0 else DB_FLOOR
+
+
+def _channel_levels(s: _Signal) -> list[_ChannelLevel]:
+    out = []
+    for c, v in enumerate(s.channel_values()):
+        if not v.size:   # a channel with no finite sample: the non_finite check reports it
+            continue
+        peak = float(np.abs(v).max())
+        if peak == 0:
+            out.append(_ChannelLevel(c, 0.0, 0.0, peak, 0.0))
+            continue
+        u = v / peak
+        mean = float(np.mean(u))
+        out.append(_ChannelLevel(c, mean * peak, float(np.std(u)) * peak, float(np.sqrt(np.mean(u * u))) * peak,
+                                 float(np.abs(u - mean).max()) * peak))
+    return out
+
+
+def _near_constant_reason(ch: _ChannelLevel, t: Thresholds) -> str | None:
+    """Why this channel is near-constant, or None. Relative: its variation is negligible against its own level
+    (a stuck value or a DC offset, at any level). Absolute only where silence is: a channel whose variation
+    alone would be silent while the signal is not (a dead channel, or silence riding on a larger DC offset)."""
+    if ch.rms == 0:
+        return f"channel {ch.channel} is digital zero while the signal is not silent (a dead channel)"
+    if ch.variation_db < t.near_constant_db:
+        return (f"channel {ch.channel} is stuck near {ch.mean:.4g}: its std {ch.std:.3g} is "
+                f"{-ch.variation_db:.0f} dB below its level (RMS {ch.rms:.3g}; limit {-t.near_constant_db:g} dB)")
+    if dbfs(ch.ac_peak) < t.silence_peak_dbfs and abs(ch.mean) > ch.ac_peak:
+        return (f"channel {ch.channel} is silent apart from a constant {ch.mean:.4g}: its variation peaks at "
+                f"{dbfs(ch.ac_peak):.1f} dBFS (below {t.silence_peak_dbfs:g} dBFS)")
+    return None
+
+
+def _near_constant_channels(s: _Signal, t: Thresholds) -> list[tuple[_ChannelLevel, str]]:
+    return [(ch, why) for ch in _channel_levels(s) if (why := _near_constant_reason(ch, t))]
+
+
 def check_near_constant(s: _Signal, t: Thresholds) -> Verdict:
-    stds = [float(np.std(v)) if v.size else 0.0 for v in s.channel_values()]
-    worst = int(np.argmin(stds))
-    std = stds[worst]
+    bad = _near_constant_channels(s, t)
+    worst = bad[0][0] if bad else min(_channel_levels(s), key=lambda ch: ch.variation_db)
+    details = {"channel": worst.channel, "value": worst.mean, "std": worst.std, "rms": worst.rms,
+               "variation_peak": worst.ac_peak, "variation_peak_dbfs": dbfs(worst.ac_peak)}
+    figure = worst.variation_db
     if is_silent(s, t):
-        return _verdict("near_constant", None, std, "std", t.near_constant_std, ERROR,
-                        "silent (reported by the silence check)", channel=worst)
-    if std < t.near_constant_std:
-        value = float(np.mean(s.channel_values()[worst])) if s.channel_values()[worst].size else 0.0
-        return _verdict("near_constant", ERROR, std, "std", t.near_constant_std, ERROR,
-                        f"near-constant: channel {worst} has std {std:.3g} (< {t.near_constant_std:g}) "
-                        f"around {value:.4g}", channel=worst, value=value)
-    return _verdict("near_constant", None, std, "std", t.near_constant_std, ERROR, f"std {std:.3g}",
-                    channel=worst)
+        return _verdict("near_constant", None, figure, "dB", t.near_constant_db, ERROR,
+                        "silent (reported by the silence check)", **details)
+    if bad:
+        more = f" (and {len(bad) - 1} more channels)" if len(bad) > 1 else ""
+        return _verdict("near_constant", ERROR, figure, "dB", t.near_constant_db, ERROR,
+                        f"near-constant: {bad[0][1]}{more}", **details)
+    return _verdict("near_constant", None, figure, "dB", t.near_constant_db, ERROR,
+                    f"std {abs(figure):.1f} dB below RMS (channel {worst.channel})", **details)
+
+
+def _held_runs(v: np.ndarray, ch: _ChannelLevel, t: Thresholds, clip_level: float) -> tuple[int, int]:
+    """(longest run of one held value, its start) among samples away from the channel's mean by at least
+    `stuck_level_db` of its largest excursion; samples at the clip level are left to the clipping check."""
+    if v.size < 2 or ch.ac_peak == 0:
+        return 0, 0
+    tolerance = 1e-6 * ch.ac_peak   # below one LSB of 16-bit PCM: integer audio must repeat exactly
+    away = (np.abs(v - ch.mean) >= 10 ** (t.stuck_level_db / 20) * ch.ac_peak) & (np.abs(v) < clip_level)
+    held = away[1:] & away[:-1] & (np.abs(np.diff(v)) <= tolerance)
+    if not held.any():
+        return 0, 0
+    edges = np.diff(np.concatenate(([0], held.astype(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    k = int(np.argmax(ends - starts))
+    return int(ends[k] - starts[k] + 1), int(starts[k])   # k held pairs span k + 1 samples
+
+
+def check_stuck(s: _Signal, t: Thresholds) -> Verdict:
+    if is_silent(s, t):
+        return _skipped("stuck", ERROR, "s", "silent")
+    if _near_constant_channels(s, t):
+        return _verdict("stuck", None, None, "s", t.stuck_min_s, ERROR,
+                        "near-constant (reported by the near_constant check)")
+    if s.sample_rate <= 0 or not math.isfinite(s.sample_rate):
+        return _skipped("stuck", ERROR, "s", "no valid sample rate")
+    clip_level = t.clip_level * t.full_scale if s.is_float else t.clip_level
+    values = s.channel_values()
+    runs = [(*_held_runs(values[ch.channel], ch, t, clip_level), ch) for ch in _channel_levels(s)]
+    frames, start, ch = max(runs, key=lambda r: r[0])
+    seconds = frames / s.sample_rate
+    value = float(values[ch.channel][start]) if frames else None
+    details = {"channel": ch.channel, "frames": frames, "start_frame": start, "value": value}
+    if seconds >= t.stuck_min_s:
+        return _verdict("stuck", ERROR, seconds, "s", t.stuck_min_s, ERROR,
+                        f"stuck: channel {ch.channel} holds {value:.6g} for {frames} samples ({seconds * 1000:.1f} ms) "
+                        f"from frame {start}", **details)
+    return _verdict("stuck", None, seconds, "s", t.stuck_min_s, ERROR,
+                    f"longest held value {frames} samples ({seconds * 1000:.2f} ms)", **details)
 
 
 def check_dc_offset(s: _Signal, t: Thresholds) -> Verdict:
@@ -468,6 +585,8 @@ def check_noise_like(s: _Signal, t: Thresholds) -> Verdict:
         return _skipped("noise_like", ERROR, "flatness", "fewer than 256 frames")
     if is_silent(s, t):
         return _skipped("noise_like", ERROR, "flatness", "silent")
+    if len(_near_constant_channels(s, t)) == s.x.shape[1]:   # the spectrum of a stuck value's residue says nothing
+        return _skipped("noise_like", ERROR, "flatness", "near-constant (reported by the near_constant check)")
     mono = np.where(s.finite, s.x, 0.0).mean(axis=1)
     mono = mono / max(float(np.abs(mono).max()), 1e-300)  # scale-free, and safe for 1e300 audio
     flat = spectral_flatness(mono, s.sample_rate)
@@ -478,11 +597,11 @@ def check_noise_like(s: _Signal, t: Thresholds) -> Verdict:
     return _verdict("noise_like", None, flat, "flatness", t.noise_flatness, ERROR, f"spectral flatness {flat:.2f}")
 
 
-_SIGNAL_CHECKS = (check_scale, check_silence, check_near_constant, check_dc_offset, check_clipping,
+_SIGNAL_CHECKS = (check_scale, check_silence, check_near_constant, check_stuck, check_dc_offset, check_clipping,
                   check_noise_like)
-_SEVERITY = {"scale": ERROR, "silence": ERROR, "near_constant": ERROR, "dc_offset": WARNING,
+_SEVERITY = {"scale": ERROR, "silence": ERROR, "near_constant": ERROR, "stuck": ERROR, "dc_offset": WARNING,
              "clipping": ERROR, "noise_like": ERROR}
-_UNITS = {"scale": "peak", "silence": "dBFS", "near_constant": "std", "dc_offset": "|mean|",
+_UNITS = {"scale": "peak", "silence": "dBFS", "near_constant": "dB", "stuck": "s", "dc_offset": "|mean|",
           "clipping": "share", "noise_like": "flatness"}
 
 
@@ -522,8 +641,10 @@ def check(array: Any, sample_rate: float, thresholds: Thresholds | None = None, 
     s = _Signal(x=x, finite=np.isfinite(x), sample_rate=sr, is_float=float_data if is_float is None else is_float)
     verdicts = [check_length(s, t), check_sample_rate(s, t), check_channels(s, t, layout)]
     verdicts += _signal_verdicts(s, t)
+    note = quiet_note(s, t) if s.finite.any() else None
     return AudioReport(source=source, sample_rate=sr, frames=s.frames, channels=int(x.shape[1]), layout=layout,
-                       dtype=str(raw.dtype), is_float=s.is_float, verdicts=tuple(verdicts), figures=_figures(s))
+                       dtype=str(raw.dtype), is_float=s.is_float, verdicts=tuple(verdicts), figures=_figures(s),
+                       notes=(note,) if note else ())
 
 
 def _signal_verdicts(s: _Signal, t: Thresholds) -> list[Verdict]:
