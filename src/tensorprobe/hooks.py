@@ -46,7 +46,7 @@ def module_hooks(modules: Iterable[tuple[str, torch.nn.Module]], *, pre: HookFac
             h.remove()
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep   # the separator: torchcrepe/, torchaudio/ are not torch
 _OWN_DIR = os.path.dirname(__file__)
 _EXAMPLES_DIR = os.path.join(_OWN_DIR, "examples")
 
