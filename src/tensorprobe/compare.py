@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -23,7 +24,9 @@ import torch
 from .bundle import Bundle
 from .errors import InputError
 from .nan import NanOrigin, find_nonfinite_in_bundle
-from .record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED
+from .ops import canonical_op
+from .record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED, parse_name
+from .rng.replay import RngReplay
 from .runtimes.base import workdir
 
 
@@ -43,17 +46,21 @@ class CompareResult:
     diff: Any                          # tensorprobe.diff.DiffReport
     summary: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    output: dict[str, Any] | None = None   # the model output's non-finite elements per side (OutputPair.to_dict)
+    replayed: tuple[str, ...] = ()         # the runtime's draws the reference took (replay_rng)
 
     @property
     def finding(self) -> bool:
         """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not."""
-        return self.diff.verdict == "diverged" or (self.cand_nan_escapes and not self.ref_nan.found)
+        return (self.diff.verdict == "diverged" or (self.cand_nan_escapes and not self.ref_nan.found)
+                or bool(self.output and self.output["candidate_only"]))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "runtime": self.runtime, "runtime_info": self.runtime_info, "ref_bundle": self.ref_bundle,
             "cand_bundle": self.cand_bundle, "compared": self.compared, "first_divergence": self.first_divergence,
             "finding": self.finding, "summary": self.summary, "notes": list(self.notes),
+            "output": self.output, "replayed": list(self.replayed),
             "ref_nan": self.ref_nan.to_dict(), "cand_nan": self.cand_nan.to_dict(),
             "cand_nan_escapes": self.cand_nan_escapes, "diff": self.diff.to_dict(),
         }
@@ -63,7 +70,8 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             out: str | os.PathLike | None = None, min_snr: float | None = None, min_corr: float | None = None,
             atol: float | None = None, rtol: float | None = None, rules: Any = None,
             artifact: str | os.PathLike | None = None, runtime_options: dict[str, Any] | None = None,
-            progress: Callable[[str], None] | None = None, prepared: Any = None) -> CompareResult:
+            progress: Callable[[str], None] | None = None, prepared: Any = None,
+            replay_rng: bool = False) -> CompareResult:
     """Capture `model` in PyTorch and in `runtime`, diff them, find the first NaN on each side.
 
     Args:
@@ -78,6 +86,8 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         prepared: an artifact from `get_runtime(runtime).prepare(model, inputs, workdir)`, run instead of
             exporting again (a sweep prepares once per worker and input shape).
         progress: called with a short description of each stage.
+        replay_rng: run the runtime first and give the PyTorch reference the runtime's random draws
+            (`RuntimeDraws`), so that a model with noise (a vocoder's source) compares value by value.
 
     Returns:
         A `CompareResult`; `result.finding` is True on a divergence or a NaN born in the runtime only.
@@ -98,32 +108,95 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
     adapter.require()
     adapter.check_options(runtime_options or {}, artifact=artifact is not None)
     step = progress or (lambda text: None)
-    with workdir(out, prefix="tensorprobe-compare-") as root:
-        step("capturing the PyTorch reference")
-        ref = capture(model, *inputs, level="module", keep="full", out=root / "ref")
+
+    def capture_runtime(root: Path) -> Bundle:
         step(f"capturing in {runtime}")
-        opts = runtime_options or {}
+        where, opts = root / runtime, runtime_options or {}
         if prepared is not None:
-            cand = adapter.capture_prepared(prepared, inputs, out=root / runtime, keep="full")
-        elif artifact is not None:
-            cand = adapter.capture_artifact(artifact, inputs, out=root / runtime, keep="full", **opts)
-        else:
-            cand = adapter.capture(model, inputs, out=root / runtime, keep="full", **opts)
+            return adapter.capture_prepared(prepared, inputs, out=where, keep="full")
+        if artifact is not None:
+            return adapter.capture_artifact(artifact, inputs, out=where, keep="full", **opts)
+        return adapter.capture(model, inputs, out=where, keep="full", **opts)
+
+    with workdir(out, prefix="tensorprobe-compare-") as root:
+        draws = None
+        if replay_rng:
+            cand = capture_runtime(root)
+            draws = RuntimeDraws.of(cand)
+        step("capturing the PyTorch reference" + (" with the runtime's random draws" if draws else ""))
+        ref = capture(model, *inputs, level="module", keep="full", out=root / "ref", replay_rng=draws)
+        if not replay_rng:
+            cand = capture_runtime(root)
         step("comparing")
-        report = diff(ref, module_view(cand), min_snr=min_snr, min_corr=min_corr, atol=atol, rtol=rtol,
-                      rules=rules, progress=None)
+        view = module_view(cand, shared_draws=draws.shared if draws else ())
+        report = diff(ref, view, min_snr=min_snr, min_corr=min_corr, atol=atol, rtol=rtol, rules=rules, progress=None)
         ref_nan, cand_nan = find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand)
-        escapes = cand_nan.found and find_nonfinite_in_bundle(module_view(cand)).found
+        escapes = cand_nan.found and find_nonfinite_in_bundle(view).found
         first = report.first_divergence if report.verdict == "diverged" else None
-        notes = _notes(ref, cand, report, cand_nan, escapes)
+        output = output_pair(ref, view, report)
+        notes = _notes(ref, cand, report, cand_nan, escapes, draws)
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
             compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan,
-            cand_nan_escapes=escapes, diff=report, summary=_summary(runtime, report, ref_nan, cand_nan, escapes),
-            notes=notes)
+            cand_nan_escapes=escapes, diff=report,
+            summary=_summary(runtime, report, ref_nan, cand_nan, escapes, output), notes=notes,
+            output=output.to_dict() if output is not None else None,
+            replayed=tuple(draws.shared) if draws else ())
 
 
-def module_view(bundle: Bundle) -> Bundle:
+class RuntimeDraws(RngReplay):
+    """A runtime's random draws, fed to the PyTorch reference (`compare(..., replay_rng=True)`).
+
+    A runtime names a draw by module path and its own op (`generator.m_source.l_sin_gen/RandomNormalLike.0`),
+    so each PyTorch draw takes the runtime's next unused draw of the same module call, distribution and shape.
+    A PyTorch draw with no such counterpart (one whose result the exporter removed as dead code) keeps its own
+    values. `shared` names the runtime draws the reference took.
+    """
+
+    def __init__(self, bundle: Bundle, draws: list[Any]):
+        super().__init__({r.name: torch.from_numpy(bundle.numpy(r.name).copy()) for r in draws})
+        self.own: list[str] = []          # the reference's draws with no runtime counterpart
+        self.queues: dict[tuple[str, int, str], list[str]] = {}
+        for r in draws:
+            self.queues.setdefault((r.module, r.call, _distribution(r.op)), []).append(r.name)
+
+    @classmethod
+    def of(cls, bundle: Bundle) -> "RuntimeDraws | None":
+        """The draws of a runtime capture, or None when it drew nothing."""
+        draws = [r for r in bundle.records if r.kind == KIND_RNG and r.has_tensor]
+        return cls(bundle, draws) if draws else None
+
+    @property
+    def shared(self) -> list[str]:
+        return list(self.replayed)
+
+    def _next(self, func: Any, like: torch.Tensor, name: str | None, source: str | None) -> torch.Tensor:
+        module, call = parse_name(name) if name else ("", 0)
+        op = str(func) if func is not None else "bernoulli"       # a dropout's mask
+        queue = self.queues.get((module, call, _distribution(op)), [])
+        for i, key in enumerate(queue):
+            t = self.tape.loader(key)
+            if tuple(t.shape) == tuple(like.shape):
+                queue.pop(i)
+                self.tape.used[self.tape.by_name[key]] = True
+                self.replayed.append(key)
+                return t.to(dtype=like.dtype, device=like.device)
+        self.own.append(name or op)
+        return like
+
+
+_DISTRIBUTIONS = {"randn": "normal", "randn_like": "normal", "normal": "normal", "normal_": "normal",
+                  "rand": "uniform", "rand_like": "uniform", "uniform_": "uniform",
+                  "bernoulli": "bernoulli", "bernoulli_": "bernoulli", "native_dropout": "bernoulli"}
+
+
+def _distribution(op: str) -> str:
+    """The distribution a random op draws from, whoever named it (`aten.randn_like.default`, `RandomNormalLike`)."""
+    base = canonical_op(op)
+    return _DISTRIBUTIONS.get(base, base)
+
+
+def module_view(bundle: Bundle, shared_draws: Sequence[str] = ()) -> Bundle:
     """The module-level records of a runtime bundle (names without an `/<op>.<k>` part).
 
     A PyTorch module capture has no op records; leaving the runtime's op records out keeps `diff`
@@ -132,12 +205,13 @@ def module_view(bundle: Bundle) -> Bundle:
     ConvInteger) and random draws not replayed (a RandomNormalLike), so that `diff` gives the cause.
     """
     carried: dict[str, set[str]] = {}
+    shared = set(shared_draws)          # draws the reference took (compare's replay): not a random difference
     for r in bundle.records:
         if "/" not in r.name:
             continue
         if TAG_QUANTIZED in r.tags:
             carried.setdefault(r.module, set()).add(TAG_QUANTIZED)
-        if r.kind == KIND_RNG and TAG_REPLAYED not in r.tags:
+        if r.kind == KIND_RNG and TAG_REPLAYED not in r.tags and r.name not in shared:
             carried.setdefault(r.module, set()).add(TAG_DRAWS_RANDOM)
     keep = [r if r.kind != KIND_OUTPUT or not carried.get(r.module)
             else replace(r, tags=tuple(sorted(set(r.tags) | carried[r.module])))
@@ -145,14 +219,21 @@ def module_view(bundle: Bundle) -> Bundle:
     return Bundle(bundle.path, bundle.manifest, keep, bundle._source)
 
 
-def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin, escapes: bool) -> str:
+def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin, escapes: bool,
+             output: "OutputPair | None") -> str:
     parts = []
+    if output is not None and output.candidate_only:
+        parts.append(f"{runtime}'s output {output.name} is non-finite where PyTorch's is finite "
+                     f"({output.nonfinite_text()}).")
     if escapes and not ref_nan.found:
         parts.append(f"{runtime} produces non-finite values that PyTorch does not: first at {cand_nan.record}"
                      + (f" ({cand_nan.output.stats.channel_pattern()})"
                         if cand_nan.output and cand_nan.output.stats.channel_pattern() else "") + ".")
     elif ref_nan.found:
-        parts.append(f"PyTorch itself produces non-finite values, first at {ref_nan.record}.")
+        shared = (f" {runtime}'s output fails the same check ({output.both} elements non-finite on both sides): "
+                  "a property of the model, not a finding of the port."
+                  if output is not None and output.both and not output.one_sided else "")
+        parts.append(f"PyTorch itself produces non-finite values, first at {ref_nan.record}.{shared}")
     if report.verdict == "diverged":
         parts.append(f"{runtime} diverges from PyTorch. {report.summary}")
     elif report.verdict == "match":
@@ -162,17 +243,144 @@ def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin,
     return " ".join(parts)
 
 
-def _notes(ref: Bundle, cand: Bundle, report: Any, cand_nan: NanOrigin, escapes: bool) -> tuple[str, ...]:
+def _notes(ref: Bundle, cand: Bundle, report: Any, cand_nan: NanOrigin, escapes: bool,
+           draws: "RuntimeDraws | None") -> tuple[str, ...]:
     notes = []
     if cand_nan.found and not escapes:
         notes.append(f"a non-finite value is born at {cand_nan.record} ({cand_nan.op}) inside the graph and masked "
                      "before any module output (e.g. atan2 lowered as a division whose 0/0 a Where replaces)")
+    if draws is not None:
+        notes.append(f"the PyTorch reference drew the runtime's random tensors ({len(draws.shared)} of "
+                     f"{len(draws.tape.entries)})" + (f"; {len(draws.own)} of its draws have no runtime counterpart "
+                                                     f"and kept their own values, e.g. {draws.own[0]}" if draws.own else ""))
     unmatched = [n for n in report.ref_only if not n.startswith("input.")]
     if unmatched:
         notes.append(f"{len(unmatched)} reference records have no {cand.runtime.get('name', 'runtime')} "
                      f"counterpart (identity modules like Dropout, values merged by the exporter's optimizer, "
                      f"unused tuple outputs), e.g. {', '.join(unmatched[:3])}")
     return tuple(notes)
+
+
+# ---- the model's output, judged on both sides: what is the port's, what is the model's --------------------
+@dataclass(frozen=True)
+class OutputPair:
+    """The model output of both sides as arrays, and how their non-finite elements compare."""
+
+    name: str
+    reference: Any                     # np.ndarray
+    candidate: Any
+    candidate_only: int                # elements finite in the reference, NaN/Inf in the candidate
+    reference_only: int                # ... and the other way round
+    both: int                          # non-finite on both sides
+
+    @property
+    def one_sided(self) -> bool:
+        """Some element is finite on one side only: total error, whatever the finite elements say."""
+        return bool(self.candidate_only or self.reference_only)
+
+    def nonfinite_text(self) -> str | None:
+        parts = [f"non-finite on the {side} side: {n} element{'s' if n != 1 else ''}"
+                 for side, n in (("candidate", self.candidate_only), ("reference", self.reference_only)) if n]
+        return "; ".join(parts) or None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "candidate_only": self.candidate_only, "reference_only": self.reference_only,
+                "both": self.both}
+
+
+def output_pair(ref: Bundle, cand: Bundle, report: Any) -> OutputPair | None:
+    """The model output `report` pairs, read from both bundles (None when either side kept no tensor)."""
+    import numpy as np
+
+    pair = report.get(report.output)
+    if pair is None:
+        return None
+    r, c = ref.get(pair.name), cand.get(pair.cand_name)
+    if r is None or c is None or not r.has_tensor or not c.has_tensor:
+        return None
+    a, b = ref.numpy(pair.name), cand.numpy(pair.cand_name)
+    if a.shape != b.shape:
+        return None
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    return OutputPair(pair.name, a, b, candidate_only=int(np.count_nonzero(fa & ~fb)),
+                      reference_only=int(np.count_nonzero(fb & ~fa)), both=int(np.count_nonzero(~fa & ~fb)))
+
+
+def outputs_agree(report: Any, out: OutputPair | None) -> bool:
+    """The two outputs are the same signal: the output pair passes the diff's criteria, element-wise, and no
+    element is finite on one side only. An audio check that fires on one side only is then a threshold
+    crossed by rounding, not something the port did."""
+    from .diff.result import METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, STATUS_PASS
+
+    pair = report.get(report.output)
+    return (out is not None and not out.one_sided and pair is not None and pair.status == STATUS_PASS
+            and pair.method in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST))
+
+
+@dataclass(frozen=True)
+class AudioJudgement:
+    """The audio checks of the candidate's output, each judged against the reference's output.
+
+    A check the candidate fails counts against the port only when the reference's output passes it and the two
+    outputs differ; when the reference's output fails the same check, or the outputs agree, it is a property
+    of the model (`model_problems`), reported and never a finding.
+    """
+
+    candidate: Any                         # audio.AudioReport of the candidate's output
+    reference: Any                         # ... of the reference's output
+    port_problems: tuple[str, ...]         # error checks of the candidate the reference does not explain
+    model_problems: tuple[str, ...]        # error checks that are the model's
+    reasons: tuple[tuple[str, str], ...]   # (code, sentence) per port problem (code "audio.<check>", "audio.diff")
+    model_reasons: tuple[tuple[str, str], ...]
+    diff: Any = None                       # audio.AudioDiff, or None when it could not run
+    diff_skipped: str | None = None
+
+    @property
+    def finding(self) -> bool:
+        return bool(self.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"check": self.candidate.status, "reference_check": self.reference.status,
+                "problems": list(self.port_problems), "model_problems": list(self.model_problems),
+                "diff": self.diff.verdict if self.diff is not None else None, "diff_skipped": self.diff_skipped,
+                "finding": self.finding}
+
+
+def judge_audio(out: OutputPair, sample_rate: float, agree: bool) -> AudioJudgement:
+    """`audio check` on both outputs and `audio diff` of the two; `agree`: from `outputs_agree`."""
+    import numpy as np
+
+    from . import audio
+
+    ref, cand = out.reference.squeeze(), out.candidate.squeeze()
+    ref_check = audio.check(ref, sample_rate, source="reference output")
+    cand_check = audio.check(cand, sample_rate, source="candidate output")
+    port, model, reasons, model_reasons = [], [], [], []
+    for v in cand_check.errors:
+        rv = ref_check.verdict(v.check)
+        code = f"audio.{v.check}"
+        if rv.status == "error":
+            model.append(v.check)
+            model_reasons.append((code, f"audio {v.check}: the reference's output fails the same check "
+                                        f"({rv.message})"))
+        elif agree:
+            model.append(v.check)
+            model_reasons.append((code, f"audio {v.check}: the outputs agree and the reference's output sits at the "
+                                        f"same place, on the other side of the threshold ({rv.message})"))
+        else:
+            port.append(v.check)
+            reasons.append((code, f"audio {v.check}: {v.message} (the reference's output passes: {rv.message})"))
+    d, skipped = None, None
+    if not (np.isfinite(ref).all() and np.isfinite(cand).all()):
+        skipped = "the outputs hold non-finite samples"
+    elif ref.size == 0 or cand.size == 0:
+        skipped = "an output is empty"
+    else:
+        d = audio.diff(ref, cand, sample_rate)
+        if d.status == "finding":
+            reasons.append(("audio.diff", f"audio diff: {d.label} ({'; '.join(d.reasons)})"))
+    return AudioJudgement(cand_check, ref_check, tuple(port), tuple(model), tuple(reasons), tuple(model_reasons),
+                          d, skipped)
 
 
 from ._api import make_callable  # noqa: E402

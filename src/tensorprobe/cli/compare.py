@@ -30,6 +30,8 @@ def compare_cmd(
                                           "(e.g. -O random=zeros, -O backend=xnnpack, -O kernels=true)."),
     min_snr: Optional[float] = typer.Option(None, "--min-snr", help="Minimum SNR in dB (default 60)."),
     min_corr: Optional[float] = typer.Option(None, "--min-corr", help="Minimum Pearson correlation."),
+    replay_rng: bool = typer.Option(False, "--replay-rng", help="Run RUNTIME first and give the PyTorch reference "
+                                    "its random draws, so a model with noise compares value by value."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run TARGET in PyTorch and in RUNTIME; report the first divergence and the first NaN. Exits 1 on a finding."""
@@ -44,7 +46,8 @@ def compare_cmd(
             fail(f"TARGET {target!r} returns keyword inputs; compare needs positional inputs")
         with progress(f"comparing {target} in {runtime}", enabled=not json_out) as advance:
             res = with_options(compare, runtime)(tgt.model, tgt.args, runtime, out=out, min_snr=min_snr, min_corr=min_corr,
-                          artifact=artifact, runtime_options=opts, progress=lambda text: advance(1, escape(text)))
+                          artifact=artifact, runtime_options=opts, replay_rng=replay_rng,
+                          progress=lambda text: advance(1, escape(text)))
     except TensorprobeError as e:
         fail(str(e))
     code = EXIT_FINDING if res.finding else EXIT_OK

@@ -33,6 +33,8 @@ def sweep_cmd(
                                           "local cluster of --workers."),
     option: list[str] = typer.Option([], "-O", "--option", metavar="KEY=VALUE", help="Runtime option, repeatable."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Run at most this many items not yet done."),
+    replay_rng: Optional[bool] = typer.Option(None, "--replay-rng/--no-replay-rng", help="Reference and candidate "
+                                              "draw the same random numbers (default: the Sweep's replay_rng)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run every item of SWEEP_TARGET through reference and candidate (what `compare` runs), write one JSON
@@ -47,7 +49,7 @@ def sweep_cmd(
         options = parse_options(option)
         with _progress_bar(enabled=not json_out and sys.stderr.isatty()) as on_item:
             summary = sweep(target, out, runtime=runtime, cand=cand, workers=workers, engine=engine, address=address,
-                            options=options, limit=limit, on_item=on_item)
+                            options=options, limit=limit, replay_rng=replay_rng, on_item=on_item)
     except TensorprobeError as e:
         fail(str(e))
     if json_out:

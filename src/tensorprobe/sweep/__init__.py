@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from ..errors import InputError
 from .engines import ENGINES, MAX_ATTEMPTS, default_workers, run_items
+from .guard import require_main_guard
 from .results import ResultStore, SweepSummary, summarize
 from .spec import Candidate, Sweep, TargetSource
 
@@ -33,7 +34,8 @@ from .spec import Candidate, Sweep, TargetSource
 def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, cand: str | None = None,
           workers: int | None = None,
           engine: str = "local", address: str | None = None, options: dict[str, Any] | None = None,
-          limit: int | None = None, on_item: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepSummary:
+          limit: int | None = None, replay_rng: bool | None = None,
+          on_item: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepSummary:
     """Run SWEEP_TARGET's items through reference and candidate; write RESULTS; return the aggregate.
 
     Args:
@@ -47,6 +49,8 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
             scheduler (`tcp://HOST:PORT`); without it a local Ray or Dask cluster of `workers` is started.
         options: runtime options (`-O`).
         limit: run at most this many of the items not yet done.
+        replay_rng: reference and candidate draw the same random numbers (overrides the Sweep's `replay_rng`):
+            a runtime's draws are fed to the reference, a PyTorch candidate replays the reference's.
         on_item: called with (record, finished so far, to run) as each item finishes (progress).
     """
     from ..logs import quiet_third_party
@@ -54,6 +58,8 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
     quiet_third_party()
     if engine not in ENGINES:
         raise InputError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine == "local" or (engine == "dask" and not address):
+        require_main_guard()          # spawned workers run the main script again
     candidate = Candidate.of(cand, runtime)
     if candidate.runtime is not None:
         from ..runtimes import get_runtime
@@ -68,7 +74,8 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
         todo = todo[:limit]
     with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as scratch:
         for i, record in enumerate(run_items(engine, todo, source, candidate, str(store.bundles), options or {},
-                                             workers or default_workers(), address, scratch), start=1):
+                                             workers or default_workers(), address, scratch, replay_rng),
+                                   start=1):
             store.append(record)
             if on_item is not None:
                 on_item(record, i, len(todo))

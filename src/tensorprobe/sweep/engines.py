@@ -23,10 +23,11 @@ _DASK_WORKERS: dict[tuple, SweepWorker] = {}
 
 def run_items(engine: str, names: list[str], source: TargetSource, candidate: Candidate, keep_dir: str,
               options: dict[str, Any], workers: int, address: str | None = None,
-              scratch: str | None = None) -> Iterator[dict[str, Any]]:
+              scratch: str | None = None, replay_rng: bool | None = None) -> Iterator[dict[str, Any]]:
     """Records of `names`, in the order they finish. `scratch`: a directory on this machine for the workers'
-    prepared artifacts, which the caller removes (ignored on a remote cluster, whose workers clean up)."""
-    setup = (source, candidate, keep_dir, options)
+    prepared artifacts, which the caller removes (ignored on a remote cluster, whose workers clean up).
+    `replay_rng`: overrides the Sweep's own (None keeps it)."""
+    setup = (source, candidate, keep_dir, options, replay_rng)
     if engine == "local":
         yield from _local(names, setup, workers, scratch)
     elif engine == "ray":
@@ -163,8 +164,8 @@ class _RayWorker:
 
 # ---- Dask --------------------------------------------------------------------------------------------
 def _dask_key(setup: tuple) -> tuple:
-    source, candidate, keep_dir, options = setup
-    return (source, candidate, keep_dir, tuple(sorted(options.items())))
+    source, candidate, keep_dir, options, replay_rng = setup
+    return (source, candidate, keep_dir, tuple(sorted(options.items())), replay_rng)
 
 
 def _dask_run(setup: tuple, scratch: str | None, name: str) -> dict[str, Any]:

@@ -23,11 +23,13 @@ class SweepWorker:
     """The state of one worker: the sweep (models and items) and the prepared runtime artifacts."""
 
     def __init__(self, source: TargetSource, candidate: Candidate, keep_dir: str,
-                 options: dict[str, Any] | None = None, scratch: str | None = None):
+                 options: dict[str, Any] | None = None, replay_rng: bool | None = None, *,
+                 scratch: str | None = None):
         from ..logs import quiet_third_party
 
         quiet_third_party()
         self.sweep: Sweep = source.load()
+        self.replay_rng = self.sweep.replay_rng if replay_rng is None else replay_rng
         if self.sweep.reference is not None:
             self.sweep.reference.eval()
         self.candidate, self.artifact = candidate.build(self.sweep)
@@ -73,13 +75,9 @@ class SweepWorker:
             return _tts_record(name, *self.sweep.pipeline.run(inputs[0]))
         with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-item-") as d:
             root = Path(d)
-            report, ref_nan, cand_nan, ref_path, cand_path = self._compare(inputs, root)
-            record = _record(name, report, ref_nan, cand_nan)
-            if self.sweep.sample_rate:
-                record["audio"] = _audio(report, ref_path, cand_path, self.sweep.sample_rate)
-            failing = record["finding"] or (record.get("audio") or {}).get("finding", False)
+            record = self._judge(name, *self._compare(inputs, root))
             record["bundle"] = None
-            if failing:
+            if record["finding"]:
                 kept = self.keep_dir / _safe(name)
                 if kept.exists():
                     shutil.rmtree(kept)
@@ -90,6 +88,24 @@ class SweepWorker:
                 record["bundle"] = str(kept)
         return record
 
+    def _judge(self, name: str, report: Any, ref_nan: Any, cand_nan: Any, ref_path: Path,
+               cand_path: Path) -> dict[str, Any]:
+        """The item's record: what `compare` says, the audio of both outputs, and which of it is the port's."""
+        from ..bundle import Bundle
+        from ..compare import judge_audio, module_view, output_pair, outputs_agree
+
+        out = output_pair(Bundle.open(ref_path), module_view(Bundle.open(cand_path)), report)
+        record = _record(name, report, ref_nan, cand_nan, out)
+        judged = None
+        if self.sweep.sample_rate and out is not None and out.reference.squeeze().ndim == 1:
+            judged = judge_audio(out, self.sweep.sample_rate, outputs_agree(report, out))
+            record["audio"] = judged.to_dict()
+        reasons, properties = _port_reasons(record, report, out, judged), _model_properties(record, judged)
+        record["reasons"] = [{"code": c, "text": t} for c, t in reasons]
+        record["model_properties"] = [{"code": c, "text": t} for c, t in properties]
+        record["finding"] = bool(reasons)
+        return record
+
     def _compare(self, inputs: tuple, root: Path) -> tuple[Any, Any, Any, Path, Path]:
         from ..capture import capture
         from ..compare import compare
@@ -98,11 +114,12 @@ class SweepWorker:
 
         if isinstance(self.candidate, str):
             res = compare(self.sweep.reference, inputs, self.candidate, out=root,
-                          prepared=self._prepared_for(inputs))
+                          prepared=self._prepared_for(inputs), replay_rng=self.replay_rng)
             return res.diff, res.ref_nan, res.cand_nan if res.cand_nan_escapes else _clean(), \
                 Path(res.ref_bundle), Path(res.cand_bundle)
         ref = capture(self.sweep.reference, *inputs, level="module", keep="full", out=root / "ref")
-        cand = capture(self.candidate, *inputs, level="module", keep="full", out=root / "cand")
+        cand = capture(self.candidate, *inputs, level="module", keep="full", out=root / "cand",
+                       replay_rng=ref if self.replay_rng and _draws(ref) else None)
         return diff(ref, cand), find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand), ref.path, cand.path
 
     def _prepared_for(self, inputs: tuple) -> Any:
@@ -140,34 +157,72 @@ def keep_statistics_only(bundle_dir: Path) -> None:
         (bundle_dir / shard).unlink(missing_ok=True)
 
 
+def _draws(bundle: Any) -> bool:
+    from ..record import KIND_RNG
+
+    return any(r.kind == KIND_RNG for r in bundle.records)
+
+
 def _clean() -> Any:
     from ..nan import NanOrigin
 
     return NanOrigin(found=False)
 
 
-def _record(name: str, report: Any, ref_nan: Any, cand_nan: Any) -> dict[str, Any]:
-    out = report.get(report.output) if report.output else None
-    metrics = out.metrics if out is not None else {}
+def _record(name: str, report: Any, ref_nan: Any, cand_nan: Any, out: Any) -> dict[str, Any]:
+    pair = report.get(report.output) if report.output else None
+    metrics = pair.metrics if pair is not None else {}
     amp = report.strongest_amplifier
     verdict = report.verdict
     first = report.get(report.first_divergence) if verdict == "diverged" and report.first_divergence else None
+    snr, corr = _num(metrics.get("snr_db")), _num(metrics.get("pearson"))
+    if out is not None and out.one_sided:
+        snr, corr = "-inf", "nan"      # an element finite on one side only is total error
     return {
         "item": name, "verdict": verdict,
-        "finding": verdict == "diverged" or (cand_nan.found and not ref_nan.found),
         "first_divergence": first.name if first is not None else None,
         "cause": first.cause if first is not None else None,     # own, weights, amplified, random, inherited
         "output": report.output,
-        "output_snr_db": _num(metrics.get("snr_db")), "output_corr": _num(metrics.get("pearson")),
+        "output_snr_db": snr, "output_corr": corr,
+        "output_nonfinite": out.to_dict() if out is not None else None,
         "ref_nan": _origin(ref_nan), "cand_nan": _origin(cand_nan),
         "strongest_amplifier": amp.name if amp is not None else None,
         "records_compared": len(report.pairs),
     }
 
 
+def _port_reasons(record: dict[str, Any], report: Any, out: Any, judged: Any) -> list[tuple[str, str]]:
+    """Why the item is a finding about the port, as (code, sentence); empty when it is not one."""
+    reasons = []
+    if record["verdict"] == "diverged":
+        where = record["first_divergence"] or report.first_difference or report.output
+        reasons.append(("diverged", f"diverges from the reference at {where}"
+                                    + (f" (cause {record['cause']})" if record["cause"] else "")))
+    if out is not None and out.candidate_only:
+        reasons.append(("nonfinite", f"output {out.name}: {out.nonfinite_text()}"))
+    elif record["cand_nan"] and not record["ref_nan"]:
+        reasons.append(("nonfinite", f"NaN/Inf born in the candidate at {record['cand_nan']['record']}, "
+                                     "the reference stays finite"))
+    if judged is not None:
+        reasons += judged.reasons
+    return reasons
+
+
+def _model_properties(record: dict[str, Any], judged: Any) -> list[tuple[str, str]]:
+    """What the reference's output shares with the candidate's: properties of the model, never findings."""
+    props = []
+    if record["ref_nan"] and record["cand_nan"]:
+        props.append(("nonfinite", f"the reference makes NaN/Inf too (first at {record['ref_nan']['record']})"))
+    if judged is not None:
+        props += judged.model_reasons
+    return props
+
+
 def _tts_record(name: str, audio: Any, report: Any) -> dict[str, Any]:
     """A text through a TTS pipeline: the stage checker's verdict, the first bad stage, what fired."""
+    errors = [f for f in report.findings if f.severity == "error"]
     return {"item": name, "verdict": report.status, "finding": report.status == "error",
+            "reasons": [{"code": f"tts.{f.stage}.{f.check}", "text": f.message} for f in errors],
             "first_bad_stage": report.first_bad_stage, "first_divergence": None,
             "problems": [f"{f.stage}.{f.check}" for f in report.findings if f.severity != "info"],
             "audio_samples": None if audio is None else int(getattr(audio, "size", len(audio)))}
@@ -177,25 +232,6 @@ def _origin(o: Any) -> dict[str, Any] | None:
     if not o.found:
         return None
     return {"record": o.record, "op": o.op, "module": o.module, "cause": o.cause}
-
-
-def _audio(report: Any, ref_path: Path, cand_path: Path, sample_rate: float) -> dict[str, Any] | None:
-    from .. import audio
-    from ..bundle import Bundle
-
-    if not report.output:
-        return None
-    ref_b, cand_b = Bundle.open(ref_path), Bundle.open(cand_path)
-    names = {r.name for r in cand_b.records}
-    if report.output not in names or not ref_b.get(report.output) or not ref_b.get(report.output).has_tensor:
-        return None
-    ref, cand = ref_b.numpy(report.output).squeeze(), cand_b.numpy(report.output).squeeze()
-    if ref.ndim != 1:
-        return None
-    check = audio.check(cand, sample_rate, source="candidate output")
-    d = audio.diff(ref, cand, sample_rate)
-    return {"check": check.status, "problems": [v.check for v in check.errors], "diff": d.verdict,
-            "finding": check.status == "error" or d.status == "finding"}
 
 
 def _num(v: Any) -> float | str | None:

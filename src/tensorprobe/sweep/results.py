@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -82,6 +82,8 @@ class SweepSummary:
     audio: dict[str, int]
     seconds: dict[str, float]
     errors: list[dict[str, Any]]
+    why: dict[str, int] = field(default_factory=dict)               # finding code -> items
+    model_properties: dict[str, int] = field(default_factory=dict)  # shared with the reference -> items
 
     @property
     def finding(self) -> bool:
@@ -92,6 +94,10 @@ class SweepSummary:
             return "No items."
         text = (f"{self.done} of {self.items} items compared, {self.findings} with a finding"
                 + (f", {self.failed} failed to run" if self.failed else "") + ".")
+        if self.finding:
+            text += " " + self.why_sentence()
+        if self.model_properties:
+            text += " " + self.properties_sentence()
         if self.first_divergence:
             layer, n = self.first_divergence[0]
             text += f" Most frequent first divergence: {layer} ({n} items)."
@@ -108,9 +114,24 @@ class SweepSummary:
             text += f" Worst output SNR: {w['item']} ({_fmt(w['output_snr_db'])} dB)."
         return text
 
+    def why_sentence(self) -> str:
+        """Why the sweep has a finding (exit 1): each kind of finding and how many items it holds."""
+        parts = [f"{_describe(code, _WHY)} ({n} item{'s' if n != 1 else ''})"
+                 for code, n in sorted(self.why.items(), key=lambda kv: -kv[1])]
+        if self.failed:
+            parts.append(f"failed to run ({self.failed} item{'s' if self.failed != 1 else ''})")
+        return "Findings: " + "; ".join(parts) + "."
+
+    def properties_sentence(self) -> str:
+        parts = [f"{_describe(code, _PROPERTY)} ({n} item{'s' if n != 1 else ''})"
+                 for code, n in sorted(self.model_properties.items(), key=lambda kv: -kv[1])]
+        return ("Properties of the model, not findings (the reference's output shares them): "
+                + "; ".join(parts) + ".")
+
     def to_dict(self) -> dict[str, Any]:
         return {"headline": self.headline(), "items": self.items, "done": self.done, "failed": self.failed,
-                "findings": self.findings, "finding": self.finding, "verdicts": self.verdicts,
+                "findings": self.findings, "finding": self.finding, "why": self.why,
+                "model_properties": self.model_properties, "verdicts": self.verdicts,
                 "worst_snr": self.worst_snr, "worst_corr": self.worst_corr, "nonfinite": self.nonfinite,
                 "first_divergence": [{"layer": k, "items": n} for k, n in self.first_divergence],
                 "causes": self.causes, "bad_stages": [{"stage": k, "items": n} for k, n in self.bad_stages],
@@ -126,14 +147,15 @@ def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummar
     def ranked(key: str) -> list[dict[str, Any]]:
         scored = [r for r in done if _value(r.get(key)) is not None]
         scored.sort(key=lambda r: _value(r[key]))
-        return [{"item": r["item"], key: r[key], "verdict": r.get("verdict"),
+        return [{"item": r["item"], key: r[key], "verdict": r.get("verdict"), "output_nonfinite": r.get("output_nonfinite"),
                  "first_divergence": r.get("first_divergence"), "bundle": r.get("bundle")} for r in scored[:worst]]
 
     times = sorted(float(r.get("seconds", 0.0)) for r in recs)
     return SweepSummary(
         items=len(recs), done=len(done), failed=len(failed),
         verdicts=dict(Counter(r.get("verdict") for r in done)),
-        findings=sum(1 for r in done if r.get("finding") or (r.get("audio") or {}).get("finding")),
+        findings=sum(1 for r in done if r.get("finding")),
+        why=_codes(done, "reasons"), model_properties=_codes(done, "model_properties"),
         worst_snr=ranked("output_snr_db"), worst_corr=ranked("output_corr"),
         nonfinite=[{"item": r["item"], "origin": r["cand_nan"], "bundle": r.get("bundle")} for r in done
                    if r.get("cand_nan")],
@@ -144,6 +166,33 @@ def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummar
         seconds={"total": round(sum(times), 3), "mean": round(sum(times) / len(times), 4) if times else 0.0,
                  "max": times[-1] if times else 0.0},
         errors=[{"item": r["item"], "error": r.get("error")} for r in failed])
+
+
+_WHY = {"diverged": "diverge from the reference",
+        "nonfinite": "NaN/Inf in the candidate's output where the reference's is finite",
+        "finding": "a finding (recorded by an older tensorprobe: see items.jsonl)",
+        "audio.diff": "the audio differs from the reference's (audio diff)",
+        "audio.": "the candidate's audio fails {check}, the reference's passes",
+        "tts.": "the TTS stage check {check} fires"}
+_PROPERTY = {"nonfinite": "the reference makes NaN/Inf too", "audio.": "audio {check}"}
+
+
+def _describe(code: str, table: dict[str, str]) -> str:
+    """The phrase of a finding or property code (`audio.<check>` through the table's `audio.` template)."""
+    if code in table:
+        return table[code]
+    family, _, check = code.partition(".")
+    template = table.get(family + ".")
+    return template.format(check=check) if template and check else code
+
+
+def _codes(records: list[dict[str, Any]], key: str) -> dict[str, int]:
+    """How many items carry each code under `key` (an item counts once per code). A finding written by an
+    older tensorprobe, without reasons, counts as "finding"."""
+    counts = Counter(code for r in records for code in {x["code"] for x in r.get(key) or ()})
+    if key == "reasons":
+        counts.update("finding" for r in records if r.get("finding") and not r.get(key))
+    return dict(counts)
 
 
 def _value(v: Any) -> float | None:

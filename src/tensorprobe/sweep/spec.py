@@ -31,6 +31,8 @@ class Sweep:
             (the CLI's `--runtime`/`--cand`, else ONNX Runtime).
         sample_rate: when the output is audio: `audio check` on the candidate's and `audio diff`.
         runtime_options: passed to the runtime (`-O` of the CLI).
+        replay_rng: the candidate's and the reference's random ops draw the same numbers: a PyTorch candidate
+            replays the reference's draws; a runtime's draws are fed to the reference (`compare(replay_rng=True)`).
         pipeline: instead of a reference: a TTS pipeline whose `run(text)` returns `(audio, StageReport)`
             (`tensorprobe.tts`; e.g. `tensorprobe.tts.kokoro.KokoroPipeline`); the items are then texts (or
             `{name: text}`), each run through every stage checker.
@@ -47,6 +49,7 @@ class Sweep:
     sample_rate: float | None = None
     runtime_options: dict[str, Any] = field(default_factory=dict)
     pipeline: Any = None
+    replay_rng: bool = False
 
     def __post_init__(self) -> None:
         if (self.reference is None) == (self.pipeline is None):
