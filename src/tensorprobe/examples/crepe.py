@@ -27,7 +27,6 @@ writes them with `frames.npz` and prints the commands that capture and diff them
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError, RuntimeUnavailable
+from ._cli import output_dir, save_npz
 
 SAMPLE_RATE = 16000
 WINDOW = 1024          # samples per frame (torchcrepe.WINDOW_SIZE)
@@ -176,21 +176,15 @@ def onnx_ports(out: str | Path, capacity: str = "tiny") -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write `frames.npz` and the three ONNX files into DIR and print the commands that compare them."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m tensorprobe.examples.crepe DIR", file=sys.stderr)
+    out = output_dir(argv, "crepe")
+    if out is None:
         return 2
-    out = Path(args[0])
     try:
         files = onnx_ports(out)
     except (InputError, RuntimeUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from ..bundle import atomic_write_bytes
-
-    feeds = io.BytesIO()
-    np.savez(feeds, **onnx_feeds())
-    atomic_write_bytes(out / "frames.npz", feeds.getvalue())
+    save_npz(out / "frames.npz", onnx_feeds())
     lines = [f"tensorprobe capture {files['fp32']} --inputs {out / 'frames.npz'} -o {out / 'fp32'}"]
     for kind in ("fp16", "int8"):
         lines += [f"tensorprobe capture {files[kind]} --inputs {out / 'frames.npz'} -o {out / kind}",

@@ -23,7 +23,6 @@ Command line: `python -m tensorprobe.examples.silero DIR` writes `DIR/frame.npz`
 from __future__ import annotations
 
 import importlib.util
-import io
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ._cli import output_dir, save_npz
 
 SAMPLE_RATE = 16000
 FRAME = 512          # samples per call at 16 kHz
@@ -162,11 +162,9 @@ def _port(state: dict[str, torch.Tensor], seed: int) -> tuple[SileroVAD, tuple[t
 
 def main(argv: list[str] | None = None) -> int:
     """Write `frame.npz` and `rules.txt` into DIR and print the commands that use them."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m tensorprobe.examples.silero DIR", file=sys.stderr)
+    out = output_dir(argv, "silero")
+    if out is None:
         return 2
-    out = Path(args[0])
     try:
         onnx = onnx_file()
     except InputError as e:
@@ -175,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..bundle import atomic_write_bytes
 
     out.mkdir(parents=True, exist_ok=True)
-    feeds = io.BytesIO()
-    np.savez(feeds, **onnx_feeds())
-    atomic_write_bytes(out / "frame.npz", feeds.getvalue())
+    save_npz(out / "frame.npz", onnx_feeds())
     atomic_write_bytes(out / "rules.txt", RULES.encode())
     print(f"tensorprobe capture {onnx} --inputs {out / 'frame.npz'} -o {out / 'onnx'}\n"
           f"tensorprobe capture tensorprobe.examples.silero:pytorch_port -o {out / 'port'}\n"
