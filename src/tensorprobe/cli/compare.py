@@ -6,6 +6,7 @@ JSON schema: docs/json-compare.md.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -13,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import EXIT_FINDING, EXIT_OK, TensorprobeError
+from ..numbers import fmt_number
 from ._common import JsonOption, app, console, emit_json, fail, parse_options, progress, with_options
 
 
@@ -67,10 +69,9 @@ def _render(res) -> None:
     if res.cand_nan.found:
         console.print(f"first non-finite value in {escape(res.runtime)}: {escape(str(res.cand_nan.record))}"
                       f" ({escape(str(res.cand_nan.op))})")
-    worst = sorted((p for p in res.diff.pairs if p.metrics.get("pearson") is not None),
-                   key=lambda p: p.metrics["pearson"])[:5]
-    for p in worst:
-        console.print(f"  corr {p.metrics['pearson']:.6f}  SNR {_fmt(p.metrics.get('snr_db'))} dB  {escape(p.name)}")
+    for p in _worst_pairs(res.diff.pairs):
+        console.print(f"  SNR {_fmt(p.metrics.get('snr_db'))} dB  corr {_fmt(p.metrics.get('pearson'), 6)}  "
+                      f"{escape(p.name)}{escape(_nonfinite(p.metrics))}")
     for note in res.notes:
         console.print(f"[dim]note: {escape(note)}[/]")
     if res.ref_bundle and Path(res.ref_bundle).exists():
@@ -78,5 +79,20 @@ def _render(res) -> None:
                       f"(`tensorprobe diff` them for the full table)")
 
 
-def _fmt(v) -> str:
-    return f"{v:.1f}" if isinstance(v, float) else "-"
+def _worst_pairs(pairs, n: int = 5) -> list:
+    """The pairs with the lowest SNR; a pair whose elements are non-finite on one side only has SNR -inf."""
+    scored = [p for p in pairs if isinstance(p.metrics.get("snr_db"), float) and not math.isnan(p.metrics["snr_db"])]
+    return sorted(scored, key=lambda p: p.metrics["snr_db"])[:n]
+
+
+def _nonfinite(metrics) -> str:
+    parts = [f"non-finite on the {side} side: {int(metrics[key])} elements"
+             for side, key in (("candidate", "nonfinite_cand_only"), ("reference", "nonfinite_ref_only"))
+             if metrics.get(key)]
+    return f"  ({'; '.join(parts)})" if parts else ""
+
+
+def _fmt(v, digits: int = 1) -> str:
+    if not isinstance(v, float):
+        return "-"
+    return f"{v:.{digits}f}" if math.isfinite(v) else fmt_number(v)

@@ -30,12 +30,19 @@ def render_sweep(console: Console, summary: SweepSummary, out: str | os.PathLike
         for col in ("item", "SNR dB", "verdict", "first divergence"):
             table.add_column(col)
         for w in summary.worst_snr[:8]:
-            table.add_row(escape(w["item"]), _show(w["output_snr_db"]), str(w["verdict"]),
-                          escape(w["first_divergence"] or ""))
+            table.add_row(escape(w["item"]), _show(w["output_snr_db"]) + _nonfinite(w.get("output_nonfinite")),
+                          str(w["verdict"]), escape(w["first_divergence"] or ""))
         console.print(table)
     for e in summary.errors[:5]:
         console.print(f"[magenta]failed[/] {escape(e['item'])}: {escape(str(e['error']))}")
     console.print(f"results: {out}/items.jsonl, {out}/summary.json, {out}/report.html")
+
+
+def _nonfinite(counts: dict[str, Any] | None) -> str:
+    """" (non-finite on the candidate side: N)" for an output finite on one side only."""
+    if not counts or not counts.get("candidate_only"):
+        return ""
+    return f" (non-finite on the candidate side: {counts['candidate_only']})"
 
 
 def write_sweep_html(path: str | os.PathLike, summary: SweepSummary, records: list[dict[str, Any]],

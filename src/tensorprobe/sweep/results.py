@@ -102,8 +102,8 @@ class SweepSummary:
             layer, n = self.first_divergence[0]
             text += f" Most frequent first divergence: {layer} ({n} items)."
         if self.causes.get("random"):
-            text += (f" {self.causes['random']} items first differ at a random draw (the runtimes draw other "
-                     "numbers: record or replay them to compare those items).")
+            text += (f" {self.causes['random']} items first differ at a random draw (the two sides draw other "
+                     "numbers: sweep --replay-rng gives both the same draws).")
         if self.bad_stages:
             stage, n = self.bad_stages[0]
             text += f" Most frequent first bad TTS stage: {stage} ({n} items)."

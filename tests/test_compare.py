@@ -1,0 +1,150 @@
+"""`compare`: an output that is NaN on the candidate side only is a finding that says how many elements; NaN
+the reference's output shares is a property of the model; `--replay-rng` gives the reference the runtime's
+random draws, so a noisy model that is ported faithfully matches and a port bug behind the noise still shows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+
+from tensorprobe.compare import compare  # noqa: E402
+
+
+class LogMagnitude(torch.nn.Module):
+    """A log-magnitude front end: log(|conv(x)| + eps)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(1, 4, 5, padding=2)
+
+    def forward(self, x):
+        return torch.log(self.conv(x).abs() + 1e-3)
+
+
+class LogMagnitudePort(LogMagnitude):
+    """The port as written: the abs is missing, so log meets the negative half of the conv's output."""
+
+    def forward(self, x):
+        return torch.log(self.conv(x) + 1e-3)
+
+
+class LogConv(LogMagnitude):
+    """A model that is NaN by itself on these inputs: log of a signed conv output."""
+
+    def forward(self, x):
+        return torch.log(self.conv(x))
+
+
+def _export(model, x, path):
+    torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    return path
+
+
+def _run_onnx(path, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+
+
+@pytest.fixture()
+def signal():
+    return torch.randn(1, 1, 400, generator=torch.Generator().manual_seed(2))
+
+
+def test_nan_on_the_candidate_side_only_is_a_finding_with_its_count(tmp_path, signal):
+    reference = LogMagnitude().eval()
+    port = _export(LogMagnitudePort().eval(), signal, tmp_path / "port.onnx")
+    n = int((~np.isfinite(_run_onnx(port, signal))).sum())          # what ONNX Runtime really gives
+    assert n > 0 and np.isfinite(reference(signal).detach().numpy()).all()
+    res = compare(reference, (signal,), "onnxruntime", artifact=port, out=tmp_path / "cmp")
+    assert res.finding and res.output == {"name": "output", "candidate_only": n, "reference_only": 0, "both": 0}
+    assert f"non-finite on the candidate side: {n} elements" in res.summary
+    # the same file exported from the reference itself keeps the truth: nothing non-finite, no finding
+    exact = _export(reference, signal, tmp_path / "exact.onnx")
+    same = compare(reference, (signal,), "onnxruntime", artifact=exact, out=tmp_path / "same")
+    assert not same.finding and same.output["candidate_only"] == 0 and "non-finite" not in same.summary
+
+
+def test_nan_the_reference_shares_is_a_property_of_the_model(tmp_path, signal):
+    model = LogConv().eval()
+    ref_out = model(signal).detach().numpy()
+    both = int((~np.isfinite(ref_out)).sum())
+    assert both > 0
+    res = compare(model, (signal,), "onnxruntime", out=tmp_path / "cmp")
+    assert res.ref_nan.found and res.output["both"] == both and res.output["candidate_only"] == 0
+    assert not res.finding
+    assert "fails the same check" in res.summary and "a property of the model" in res.summary
+
+
+NOISY = textwrap.dedent('''
+    import torch
+
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + 0.1 * torch.randn_like(x)
+
+
+    class Net(torch.nn.Module):
+        def __init__(self, scale=1.0):
+            super().__init__()
+            torch.manual_seed(0)
+            self.pre = torch.nn.Linear(8, 8)
+            self.noise = Noisy()
+            self.post = torch.nn.Linear(8, 4)
+            with torch.no_grad():
+                self.post.weight.mul_(scale)
+
+        def forward(self, x):
+            return self.post(self.noise(self.pre(x)))
+
+
+    def inputs():
+        return (torch.randn(16, 8, generator=torch.Generator().manual_seed(1)),)
+
+
+    def build():
+        return Net().eval(), inputs()
+
+
+    def export(path, scale):
+        torch.onnx.export(Net(scale).eval(), inputs(), path, dynamo=False, input_names=["x"])
+''')
+
+
+@pytest.fixture()
+def noisy(tmp_path):
+    (tmp_path / "noisy.py").write_text(NOISY)
+    return tmp_path
+
+
+def _compare_cli(cwd, *args):
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "compare", "noisy.py:build", "--json", *args],
+                       capture_output=True, text=True, cwd=cwd)
+    return p.returncode, json.loads(p.stdout)["compare"]
+
+
+def test_replay_rng_gives_the_reference_the_runtimes_draws(noisy):
+    """Without replay the runtime's RandomNormalLike draws other numbers (cause random, and the summary says
+    --replay-rng); with it the faithful export matches. A weight the converter scaled by 1.01 behind the noise
+    still diverges with replay, at that layer and not for random reasons."""
+    code, doc = _compare_cli(noisy)
+    assert code == 1 and doc["first_divergence"] == "noise" and "--replay-rng" in doc["summary"]
+    code, doc = _compare_cli(noisy, "--replay-rng")
+    assert code == 0 and doc["diff"]["verdict"] == "match", doc["summary"]
+    assert doc["replayed"] == ["noise/RandomNormalLike.0"]
+    assert any("drew the runtime's random tensors (1 of 1)" in n for n in doc["notes"])
+    subprocess.run([sys.executable, "-c", "import noisy; noisy.export('scaled.onnx', 1.01)"], cwd=noisy, check=True)
+    code, doc = _compare_cli(noisy, "--replay-rng", "--artifact", "scaled.onnx")
+    assert code == 1 and doc["first_divergence"] == "post"
+    post = next(p for p in doc["diff"]["pairs"] if p["name"] == "post")
+    assert post["cause"] != "random"
