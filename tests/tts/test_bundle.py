@@ -96,3 +96,37 @@ def test_tensorprobe_bundle_directory(tmp_path):
                          dtype=str(t.dtype).replace("torch.", ""), stats=compute_stats(t)), t)
     r = check_stages(tmp_path / "run", embedding_size=178)
     assert [(f.stage, f.check) for f in r.findings] == [("ids", "out_of_range"), ("mel", "near_constant")]
+
+
+def test_statistics_only_records_take_their_stage_name_and_place(tmp_path):
+    """A record stored without its tensor (keep=stats) is checked through its statistics, under its stage's
+    name (pred_dur is the durations), and placed in the pipeline, not after everything else."""
+    import torch
+
+    from tensorprobe.bundle import BundleWriter
+    from tensorprobe.record import Record
+    from tensorprobe.stats import compute_stats
+
+    with BundleWriter(tmp_path / "run") as w:
+        mel = torch.full((80, 20), -4.0)
+        w.add(Record(name="mel", module="mel", op="tensor", order=0, shape=(80, 20), dtype="float32",
+                     stats=compute_stats(mel)), mel)
+        dur = torch.tensor([3.0, float("nan"), 4.0])
+        w.add(Record(name="pred_dur", module="pred_dur", op="tensor", order=1, shape=(3,), dtype="float32",
+                     stats=compute_stats(dur)))   # statistics only
+    r = check_stages(tmp_path / "run")
+    assert [(f.stage, f.check) for f in r.findings] == [("durations", "non_finite"), ("mel", "near_constant")]
+    assert r.first_bad_stage == "durations"
+
+
+def test_cli_duration_clamp(tmp_path):
+    pinned = save_stages(tmp_path / "pinned.npz", durations=np.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2]))
+    res = runner.invoke(app, ["tts", "check", str(pinned), "--json"])
+    assert res.exit_code == 0   # 91% at 1 frame without a known clamp: a warning
+    assert json.loads(res.stdout)["report"]["findings"][0]["severity"] == "warning"
+    res = runner.invoke(app, ["tts", "check", str(pinned), "--duration-clamp", "1", "--json"])
+    assert res.exit_code == 1
+    finding = json.loads(res.stdout)["report"]["findings"][0]
+    assert (finding["check"], finding["severity"], finding["figures"]["bound"]) == ("clamped", "error", 1)
+    res = runner.invoke(app, ["tts", "check", str(pinned), "--duration-clamp", "a:b"])
+    assert res.exit_code == 2 and "--duration-clamp expects" in res.output

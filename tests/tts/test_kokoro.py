@@ -39,6 +39,7 @@ def test_clean_run_produces_audio_and_times_every_stage(pipeline):
     ("unknown-symbols", ("phonemes", "unknown_symbols", "error")),
     ("oov-id", ("ids", "out_of_range", "error")),
     ("long-durations", ("durations", "extreme", "error")),
+    ("pinned-durations", ("durations", "clamped", "error")),   # caught because the checker knows Kokoro's clamp
 ])
 def test_faults_stop_at_the_stage_that_broke(pipeline, fault, expected):
     audio, report = pipeline.run(SHORT, fault=fault)
@@ -69,5 +70,83 @@ def test_cli_demo_with_a_fault_exits_1():
     assert res.exit_code == 1, res.output
     doc = json.loads(res.stdout)
     assert doc["report"]["first_bad_stage"] == "ids"
+    res = CliRunner().invoke(app, ["tts", "demo", SHORT, "--fault", "pinned-durations", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["report"]["first_bad_stage"] == "durations"
     res = CliRunner().invoke(app, ["tts", "demo", "--fault", "bogus"])
     assert res.exit_code == 2 and "unknown fault" in res.output
+
+
+def test_the_checker_knows_kokoros_clamp_and_faster_speech_is_not_pinned(pipeline):
+    assert pipeline.checker().duration_clamp == (1, None)
+    _, report = pipeline.run(SHORT, fault="pinned-durations")
+    assert report.findings[0].figures["share"] == 1.0 and report.summaries["durations"]["max"] == 1
+    pipeline.speed = 1.8   # faster speech: durations ~2 frames, shorter but not pinned
+    try:
+        durations = pipeline.predict_durations(pipeline.to_ids(DEMO))
+    finally:
+        pipeline.speed = 1.0
+    assert pipeline.checker().durations(durations) == [] and int(durations.min()) >= 2
+
+
+# ------------------------------------------------------------------------------------------ levels
+
+DEMO = "həlˈO wˈɜɹld"
+TEXTS = (SHORT, DEMO, "ðɪs ɪz ə tˈɛst.")
+
+
+@pytest.fixture(scope="module")
+def decoder_outputs(pipeline):
+    """The real decoder's audio for three phoneme strings (clean runs)."""
+    outputs = []
+    for text in TEXTS:
+        audio, report = pipeline.run(text)
+        assert not report.errors, findings(report)
+        outputs.append(audio.astype(np.float64))
+    return outputs
+
+
+def _at(x, level_dbfs, dtype):
+    y = x * (10 ** (level_dbfs / 20) / np.abs(x).max())
+    if dtype == "int16":
+        return np.clip(np.round(y * 32768), -32768, 32767).astype(np.int16)
+    return y.astype(dtype)
+
+
+def test_kokoro_audio_keeps_its_verdict_from_minus_50_to_0_dbfs(decoder_outputs):
+    """Gain changes of the decoder's output, as float32, float16 (a half-precision port) and 16-bit PCM: every
+    verdict of `audio check` stays what it is at -20 dBFS, and the stage checker finds nothing at any level
+    (before: a near_constant ERROR from -50 dBFS down)."""
+    from tensorprobe.audio import check
+    from tensorprobe.tts import StageChecker
+
+    checked = 0
+    for x in decoder_outputs:
+        for dtype in ("float32", "float16", "int16"):
+            reference = {v.check: v.status for v in check(_at(x, -20, dtype), 24000).verdicts}
+            assert "error" not in reference.values()
+            for level in np.linspace(-50, 0, 11):
+                r = check(_at(x, level, dtype), 24000)
+                assert {v.check: v.status for v in r.verdicts} == reference, (level, dtype, r.summary())
+                checked += 1
+            c = StageChecker(sample_rate=24000)
+            assert c.audio(_at(x, -50, dtype)) == []
+            assert c.report().summaries["audio"]["notes"][0].startswith("quiet: peak -50.0 dBFS")
+    assert checked == 99
+
+
+def test_kokoro_audio_made_stuck_is_caught_at_every_level(decoder_outputs):
+    from tensorprobe.audio import check
+
+    x = decoder_outputs[1]
+    rng = np.random.default_rng(0)
+    held = x.copy()
+    peak_at = int(np.argmax(np.abs(x)))   # hold below the peak: a value held at full scale is clipping
+    after = np.abs(x[peak_at:]) / np.abs(x).max()
+    i = peak_at + int(np.flatnonzero((after > 0.3) & (after < 0.6))[0])
+    held[i:] = x[i]                                       # the decoder's output froze for the rest of the take
+    dc = np.abs(x).max() * (1 + 1e-4 * rng.standard_normal(x.size))
+    for level in np.linspace(-50, 0, 6):
+        for broken, check_name in ((held, "stuck"), (dc, "near_constant"), (np.full_like(x, 0.5), "near_constant")):
+            for dtype in ("float32", "int16"):
+                r = check(_at(broken, level, dtype), 24000)
+                assert r.verdict(check_name).status == "error", (level, dtype, r.summary())

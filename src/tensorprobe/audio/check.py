@@ -25,8 +25,8 @@ Checks, in report order (figure → verdict):
     near_constant std / RMS, dB           error below near_constant_db (variation negligible against the channel's own
                                           level: a stuck value or a DC offset at any level), or when a channel's
                                           variation alone is below silence_peak_dbfs while the signal is not silent
-    stuck         seconds                 error when a value is held for stuck_min_s or longer (away from the
-                                          channel's mean by stuck_level_db of its variation; zeros and clipping excluded)
+    stuck         seconds                 error when a value is held for stuck_min_s or longer (at least
+                                          stuck_level_db from the channel's peak: pauses at zero and clipping excluded)
     dc_offset     |mean| (worst channel)  warning above dc_offset
     clipping      share of clipped samples warning / error above clip_share_warning / clip_share_error
     noise_like    spectral flatness       error above noise_flatness (long-term spectrum flat like white noise)
@@ -84,7 +84,7 @@ class Thresholds:
     quiet_peak_dbfs: float = -40.0     # note (not an error): peak below this but above silence_peak_dbfs
     near_constant_db: float = -60.0    # error: a channel's std this far below its RMS (a stuck value or DC, any level)
     stuck_min_s: float = 0.01          # error: a value held this long (seconds) ...
-    stuck_level_db: float = -20.0      # ... at least this far from the channel's mean, in dB of its largest excursion
+    stuck_level_db: float = -20.0      # ... at a level of at least this, in dB of the channel's peak
     dc_offset: float = 0.05            # warning: |mean| of a channel above this (fraction of full scale)
     clip_level: float = 0.99           # a sample at or above this fraction of full scale may be clipped
     clip_min_run: float = 3            # ... and is counted when it sits in a flat run at least this long
@@ -468,13 +468,16 @@ def check_near_constant(s: _Signal, t: Thresholds) -> Verdict:
                     f"std {abs(figure):.1f} dB below RMS (channel {worst.channel})", **details)
 
 
-def _held_runs(v: np.ndarray, ch: _ChannelLevel, t: Thresholds, clip_level: float) -> tuple[int, int]:
-    """(longest run of one held value, its start) among samples away from the channel's mean by at least
-    `stuck_level_db` of its largest excursion; samples at the clip level are left to the clipping check."""
-    if v.size < 2 or ch.ac_peak == 0:
+def _held_runs(v: np.ndarray, t: Thresholds, clip_level: float) -> tuple[int, int]:
+    """(longest run of one held value, its start) among samples at least `stuck_level_db` from the channel's
+    peak: a run of zeros (or near-zeros) is a pause, not a stuck output, and samples at the clip level are left to
+    the clipping check. Not measured from the mean: an output frozen for most of its length drags the mean
+    to the held value."""
+    peak = float(np.abs(v).max()) if v.size else 0.0
+    if v.size < 2 or peak == 0:
         return 0, 0
-    tolerance = 1e-6 * ch.ac_peak   # below one LSB of 16-bit PCM: integer audio must repeat exactly
-    away = (np.abs(v - ch.mean) >= 10 ** (t.stuck_level_db / 20) * ch.ac_peak) & (np.abs(v) < clip_level)
+    tolerance = 1e-6 * peak   # below one LSB of 16-bit PCM: integer audio must repeat exactly
+    away = (np.abs(v) >= 10 ** (t.stuck_level_db / 20) * peak) & (np.abs(v) < clip_level)
     held = away[1:] & away[:-1] & (np.abs(np.diff(v)) <= tolerance)
     if not held.any():
         return 0, 0
@@ -494,14 +497,14 @@ def check_stuck(s: _Signal, t: Thresholds) -> Verdict:
         return _skipped("stuck", ERROR, "s", "no valid sample rate")
     clip_level = t.clip_level * t.full_scale if s.is_float else t.clip_level
     values = s.channel_values()
-    runs = [(*_held_runs(values[ch.channel], ch, t, clip_level), ch) for ch in _channel_levels(s)]
-    frames, start, ch = max(runs, key=lambda r: r[0])
+    runs = [(*_held_runs(v, t, clip_level), c) for c, v in enumerate(values)]
+    frames, start, channel = max(runs, key=lambda r: r[0])
     seconds = frames / s.sample_rate
-    value = float(values[ch.channel][start]) if frames else None
-    details = {"channel": ch.channel, "frames": frames, "start_frame": start, "value": value}
+    value = float(values[channel][start]) if frames else None
+    details = {"channel": channel, "frames": frames, "start_frame": start, "value": value}
     if seconds >= t.stuck_min_s:
         return _verdict("stuck", ERROR, seconds, "s", t.stuck_min_s, ERROR,
-                        f"stuck: channel {ch.channel} holds {value:.6g} for {frames} samples ({seconds * 1000:.1f} ms) "
+                        f"stuck: channel {channel} holds {value:.6g} for {frames} samples ({seconds * 1000:.1f} ms) "
                         f"from frame {start}", **details)
     return _verdict("stuck", None, seconds, "s", t.stuck_min_s, ERROR,
                     f"longest held value {frames} samples ({seconds * 1000:.2f} ms)", **details)

@@ -40,6 +40,10 @@ def check_cmd(
     mel_min: float = typer.Option(-11.5, "--mel-min", help="Expected log-mel minimum."),
     mel_max: float = typer.Option(0.0, "--mel-max", help="Expected log-mel maximum."),
     max_duration: float = typer.Option(200, "--max-duration", help="Frames per token above which it is extreme."),
+    duration_clamp: Optional[str] = typer.Option(None, "--duration-clamp", metavar="MIN[:MAX]",
+                                                 help="The duration predictor's clamp, e.g. 1 for Kokoro "
+                                                      "(round then clamp(min=1)), 1:50, or :50: durations pinned "
+                                                      "at a known bound are an error."),
     reference: Optional[Path] = typer.Option(None, "--reference", metavar="TRAIN_STATS", help="Training statistics "
                                              "(tensorprobe.train.ranges.record_ranges(...).save): the mel range (and "
                                              "duration bound) seen in training replace --mel-min/--mel-max."),
@@ -50,6 +54,8 @@ def check_cmd(
     """Check a recorded TTS run stage by stage; exit 1 on any error finding."""
     try:
         opts: dict = {"mel_range": (mel_min, mel_max), "max_duration_frames": max_duration}
+        if duration_clamp is not None:
+            opts["duration_clamp"] = _parse_clamp(duration_clamp)
         if reference is not None:
             from ..train.ranges import RangeStats, stage_options
 
@@ -66,6 +72,18 @@ def check_cmd(
     except TensorprobeError as e:
         fail(str(e))
     _finish(report, json_out, "tts check")
+
+
+def _parse_clamp(text: str) -> tuple[float | None, float | None]:
+    """`MIN`, `MIN:MAX` or `:MAX` as (min, max), either None."""
+    lo, _, hi = text.partition(":")
+    try:
+        bounds = tuple(float(b) if b.strip() else None for b in (lo, hi))
+    except ValueError:
+        raise InputError(f"--duration-clamp expects MIN, MIN:MAX or :MAX (numbers), got {text!r}") from None
+    if bounds == (None, None):
+        raise InputError("--duration-clamp needs at least one bound: MIN, MIN:MAX or :MAX")
+    return bounds  # type: ignore[return-value]
 
 
 def _read_vocab(path: Path) -> dict:
@@ -86,7 +104,7 @@ def _read_vocab(path: Path) -> dict:
 def demo_cmd(
     phonemes: str = typer.Argument("həlˈO wˈɜɹld", help="Kokoro phonemes (IPA) to synthesise."),
     fault: Optional[str] = typer.Option(None, "--fault", help="Reproduce a failure: unknown-symbols, oov-id, "
-                                                              "long-durations, unvoiced, nan."),
+                                                              "long-durations, pinned-durations, unvoiced, nan."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the audio here (tensorprobe.audio.save)."),
     seed: int = typer.Option(0, "--seed", help="Weight seed."),
     json_out: bool = JsonOption,

@@ -13,7 +13,7 @@ from .audio import fmt
 
 _STYLE = {"error": "bold red", "warning": "yellow", "ok": "green"}
 _SUMMARY_KEYS = ("symbols", "unknown", "count", "min", "max", "vocab_size", "tokens", "total_frames", "mean",
-                 "std", "shape", "duration_s", "peak", "rms_dbfs", "health", "chars", "preview")
+                 "std", "shape", "duration_s", "peak", "peak_dbfs", "rms_dbfs", "health", "chars", "preview")
 
 
 def _summary_text(summary: dict[str, Any]) -> str:
@@ -46,6 +46,9 @@ def render_stage_report(console: Console, report: StageReport) -> None:
         table.add_row(escape(stage), f"[{_STYLE[status]}]{status}[/]",
                       escape(_summary_text(report.summaries.get(stage, {}))), escape(text))
     console.print(table)
+    for stage, summary in report.summaries.items():
+        for note in summary.get("notes", ()):
+            console.print(f"  [dim]note ({escape(stage)}): {escape(note)}[/]")
     if report.stopped_after:
         console.print(f"[yellow]stopped after stage {escape(report.stopped_after)}[/] (later stages not run)")
     if report.timings:

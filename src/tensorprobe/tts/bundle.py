@@ -92,7 +92,7 @@ def load_stages(path: str | os.PathLike) -> tuple[dict[str, Any], list[StageFind
             name = ALIASES.get(rec.name, rec.name)
             if not rec.has_tensor:
                 if not rec.stats.all_finite:
-                    stats_findings.append(StageFinding(rec.name, "non_finite", ERROR,
+                    stats_findings.append(StageFinding(name, "non_finite", ERROR,
                                                        f"{rec.stats.nonfinite} non-finite values (from the "
                                                        f"recorded statistics)", {"count": rec.stats.nonfinite}))
                 continue
@@ -139,8 +139,6 @@ def check_stages(path: str | os.PathLike, **checker_options: Any) -> StageReport
                 checker.check(name, value)
     for name, value in stages.items():
         checker.tensor(name, value)
-    report = checker.report(source=str(path))
-    if extra:
-        report = StageReport(findings=report.findings + tuple(extra), summaries=report.summaries,
-                             timings=report.timings, source=report.source)
-    return report
+    for finding in extra:
+        checker.add(finding.stage, [finding], kind="durations" if finding.stage == "log_durations" else finding.stage)
+    return checker.report(source=str(path))

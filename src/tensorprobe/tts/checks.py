@@ -12,6 +12,7 @@ a TTS engineer would otherwise write by hand: "Mel range: [-11.2, -0.1], std 2.3
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -167,11 +168,14 @@ def check_ids(ids: Any, *, vocab: Mapping[str, int] | None = None, vocab_size: i
 
 # ------------------------------------------------------------------------------------------ durations
 
-def check_durations(durations: Any, *, max_frames: float = 200, clamp: tuple[float, float] | None = None,
+def check_durations(durations: Any, *, max_frames: float = 200,
+                    clamp: tuple[float | None, float | None] | None = None,
                     log_durations: bool = False) -> tuple[list[StageFinding], dict[str, Any]]:
     """Durations (frames per token): extreme values (seed 002: 1000+ frames per phoneme), negative or zero
-    durations, values stuck at a clamp bound (the given `clamp`, or the maximum shared by most tokens) and
-    uniform durations (a duration predictor that is not working)."""
+    durations, values pinned at a clamp bound and uniform durations (a duration predictor that is not working).
+
+    `clamp` is the predictor's (lower, upper) bound, either may be None (Kokoro: `(1, None)`, it rounds then
+    clamps at 1 frame). See `_clamp_findings` for what counts as pinned with and without a known bound."""
     a = as_array(durations, "durations").astype(np.float64).ravel()
     findings = _nonfinite("durations", a)
     if log_durations:
@@ -199,29 +203,76 @@ def check_durations(durations: Any, *, max_frames: float = 200, clamp: tuple[flo
     return findings, summary
 
 
-def _clamp_findings(a: np.ndarray, clamp: tuple[float, float] | None) -> list[StageFinding]:
+# Share of tokens at a known bound that is (an error, a warning). Many tokens legitimately get the shortest
+# duration a rounding head gives (stress marks, spaces, short phones: about a quarter of Kokoro's tokens at
+# speed 1, over half at speed 2, up to 3 in 4 in a short utterance), so only nearly all tokens at the lower
+# bound say "pinned": the predictor then decides nothing. Reaching the upper bound is rare in healthy speech.
+PINNED_SHARE = {"lower": (0.9, 0.9), "upper": (0.5, 0.2)}
+TIED_SHARE = (0.5, 0.2)   # continuous durations tied at an extreme: only a clamp makes real numbers tie
+
+
+def _clamp_findings(a: np.ndarray, clamp: tuple[float | None, float | None] | None) -> list[StageFinding]:
+    """Durations pinned at a clamp bound, or all equal.
+
+    With a known bound: the share of tokens sitting exactly at it (`PINNED_SHARE`). Without one, an identical
+    extreme is suspicious only where ties can't happen by themselves: continuous durations tied at their min
+    or max (`TIED_SHARE`); for whole-frame durations ties are normal, so only most tokens at 1 frame (the
+    lower bound of a round-then-clamp head) is a warning, which a known clamp turns into an error."""
     if a.size < 4:
         return []
+    lo, hi = clamp if clamp else (None, None)
+    for side, bound in (("lower", lo), ("upper", hi)):
+        if bound is not None and (found := _pinned(a, side, bound, PINNED_SHARE[side], "the clamp bound")):
+            return [found]
     if np.all(a == a[0]):
-        return [_f("durations", "uniform", WARNING, f"all {a.size} durations are {a[0]:g}: the duration predictor "
-                   f"is not predicting (uniform durations)", value=float(a[0]))]
-    bounds = list(clamp) if clamp else [float(a.max())]
-    for b in bounds:
-        share = float(np.mean(a == b))
-        if share >= 0.5 or (clamp and share >= 0.2):
-            sev = ERROR if share >= 0.5 else WARNING
-            return [_f("durations", "clamped", sev, f"{share:.0%} of durations sit exactly at {b:g}: values stuck "
-                       f"at a clamp bound", bound=b, share=share)]
+        hint = " (1 frame: the lower bound of a round-then-clamp duration head)" if a[0] == 1 else ""
+        return [_f("durations", "uniform", WARNING, f"all {a.size} durations are {a[0]:g}{hint}: the duration "
+                   f"predictor is not predicting (uniform durations)", value=float(a[0]))]
+    whole = bool(np.all(a == np.round(a)))
+    for side, bound, value in (("lower", lo, float(a.min())), ("upper", hi, float(a.max()))):
+        if bound is not None:
+            continue
+        if not whole:
+            found = _pinned(a, side, value, TIED_SHARE, "one identical value (continuous durations tie only "
+                                                        "at a clamp)")
+        elif side == "lower" and value == 1:
+            found = _pinned(a, side, value, (math.inf, PINNED_SHARE["lower"][0]),
+                            "1 frame, the lower bound of a round-then-clamp head (pass the model's clamp to "
+                            "make this an error)")
+        else:
+            found = None
+        if found:
+            return [found]
     return []
+
+
+def _pinned(a: np.ndarray, side: str, bound: float, shares: tuple[float, float], what: str) -> StageFinding | None:
+    at_bound = int(np.sum(a == bound))
+    share = at_bound / a.size
+    error, warning = shares
+    if share < warning or at_bound < 2:   # one token is the extreme; it takes two to tie
+        return None
+    verb = "is" if share >= error else "may be"
+    return _f("durations", "clamped", ERROR if share >= error else WARNING,
+              f"{share:.0%} of durations sit exactly at {bound:g}, {what}: the duration predictor {verb} pinned "
+              f"at its {side} bound", bound=bound, share=share, side=side)
 
 
 # ------------------------------------------------------------------------------------------ mel, latents
 
+MEL_MIN_STD_SHARE = 0.01   # a mel whose std is under 1% of the expected range's width is nearly constant
+
+
 def check_mel(mel: Any, *, mel_range: tuple[float, float] = (-11.5, 0.0), tolerance: float = 0.5,
-              max_out_share: float = 0.01, min_std: float = 0.1, n_mels: int | None = None,
+              max_out_share: float = 0.01, min_std: float | None = None, n_mels: int | None = None,
               expected_frames: float | None = None) -> tuple[list[StageFinding], dict[str, Any]]:
     """A log-mel spectrogram: NaN/Inf, values outside `mel_range` (seed 002: [-15, 5] instead of about
-    [-11.5, 0]), near-constant (std < `min_std`), wrong mel-band count, frames not matching the durations."""
+    [-11.5, 0]), nearly constant, wrong mel-band count, frames not matching the durations.
+
+    Nearly constant means a std below `min_std`, by default `MEL_MIN_STD_SHARE` of the range's width (0.115
+    for [-11.5, 0]; seed 002's collapsed model had 0.0001, healthy speech 1-4). Gain is an offset in a log
+    mel, so a quiet but healthy mel keeps its std (speech 60 dB quieter still has ~1.5); it gets a `quiet`
+    note when even its maximum sits in the lower half of the range."""
     raw = as_array(mel, "mel")
     a = raw.astype(np.float64)
     findings = _nonfinite("mel", a)
@@ -237,10 +288,16 @@ def check_mel(mel: Any, *, mel_range: tuple[float, float] = (-11.5, 0.0), tolera
                            f"mel range [{fin.min():.3g}, {fin.max():.3g}] leaves the expected [{lo:g}, {hi:g}] "
                            f"({out:.1%} of values outside)", min=float(fin.min()), max=float(fin.max()),
                            share=out, expected=[lo, hi]))
-    if fin.std() < min_std:
+    limit = MEL_MIN_STD_SHARE * (hi - lo) if min_std is None else min_std
+    if fin.std() < limit:
+        what = (f"silence: every value sits at the floor {lo:g}" if fin.max() <= lo + tolerance
+                else "a collapsed model")
         findings.append(_f("mel", "near_constant", ERROR, f"mel is nearly constant: std {fin.std():.3g} "
-                           f"(< {min_std:g}) around {fin.mean():.3g} — a collapsed model", std=float(fin.std()),
-                           mean=float(fin.mean())))
+                           f"(< {limit:.3g}) around {fin.mean():.3g} — {what}", std=float(fin.std()),
+                           mean=float(fin.mean()), limit=limit))
+    elif fin.max() < lo + 0.5 * (hi - lo):
+        summary["notes"] = [f"quiet: the mel peaks at {fin.max():.3g}, in the lower half of the expected range "
+                            f"[{lo:g}, {hi:g}]; not an error"]
     findings += _mel_shape_findings(a.shape, n_mels, expected_frames)
     return findings, summary
 
@@ -260,9 +317,23 @@ def _mel_shape_findings(shape: tuple[int, ...], n_mels: int | None, expected_fra
     return []
 
 
+def _std_rms(a: np.ndarray) -> tuple[float, float]:
+    """std and RMS of finite values, measured on values divided by their peak (no overflow at 1e300)."""
+    peak = float(np.abs(a).max()) if a.size else 0.0
+    if peak == 0:
+        return 0.0, 0.0
+    u = a / peak
+    return float(u.std()) * peak, float(np.sqrt(np.mean(u * u))) * peak
+
+
+LATENT_STUCK_RATIO = 1e-3   # std below this share of the RMS: stuck at one value, whatever the scale
+
+
 def check_latents(latents: Any, *, min_std: float = 1e-3, max_abs: float = 1e4, stage: str = "latents"
                   ) -> tuple[list[StageFinding], dict[str, Any]]:
-    """Latents / features between stages (seed 003: CFM latents): NaN/Inf, all zero, near-constant, exploding."""
+    """Latents / features between stages (seed 003: CFM latents): NaN/Inf, all zero, exploding, and nearly
+    constant: stuck at a value (std under `LATENT_STUCK_RATIO` of the RMS, at any scale) or a std under
+    `min_std` (latents live at a scale the model sets, so near-zero latents are a collapse, not a quiet take)."""
     raw = as_array(latents, stage)
     a = raw.astype(np.float64)
     findings = _nonfinite(stage, a)
@@ -270,11 +341,17 @@ def check_latents(latents: Any, *, min_std: float = 1e-3, max_abs: float = 1e4, 
     fin = a[np.isfinite(a)]
     if fin.size == 0:
         return findings + ([] if a.size else [_f(stage, "empty", ERROR, f"{stage} is empty")]), summary
+    std, rms = _std_rms(fin)
     if not fin.any():
         findings.append(_f(stage, "all_zero", ERROR, f"{stage} is all zeros"))
-    elif fin.std() < min_std:
-        findings.append(_f(stage, "near_constant", ERROR, f"{stage} is nearly constant: std {fin.std():.3g} "
-                           f"(< {min_std:g})", std=float(fin.std())))
+    elif std < LATENT_STUCK_RATIO * rms:
+        findings.append(_f(stage, "near_constant", ERROR, f"{stage} is stuck near {fin.mean():.4g}: std {std:.3g} "
+                           f"is {-20 * math.log10(max(std / rms, 1e-12)):.0f} dB below its level (RMS {rms:.3g})",
+                           std=std, rms=rms, mean=float(fin.mean())))
+    elif std < min_std:
+        findings.append(_f(stage, "near_constant", ERROR, f"{stage} is nearly constant: std {std:.3g} "
+                           f"(< {min_std:g}) around {fin.mean():.3g}: collapsed toward a value (seed 003's "
+                           f"near-zero latents)", std=std, rms=rms, mean=float(fin.mean())))
     peak = float(np.abs(fin).max())
     if peak > max_abs:
         findings.append(_f(stage, "exploding", ERROR, f"{stage} reaches {peak:.4g} (> {max_abs:g})", max_abs=peak))
@@ -295,5 +372,8 @@ def check_audio(audio: Any, sample_rate: float, thresholds: Thresholds | None = 
                 for v in r.verdicts if v.fired]
     f = r.figures
     summary = {"duration_s": r.duration_s, "sample_rate": sample_rate, "peak": f.get("peak"),
-               "rms_dbfs": f.get("rms_dbfs"), "std": f.get("std"), "health": r.status}
+               "peak_dbfs": f.get("peak_dbfs"), "rms_dbfs": f.get("rms_dbfs"), "std": f.get("std"),
+               "health": r.status}
+    if r.notes:
+        summary["notes"] = list(r.notes)
     return findings, summary

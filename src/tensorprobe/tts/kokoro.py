@@ -18,6 +18,8 @@ Faults (`fault=`), each a failure seen in the seeds:
     unknown-symbols  the phonemizer emits symbols the vocabulary lacks (dark-l "ɫ", ARPAbet "AH0")
     oov-id           ids from another training's vocabulary (shifted by 40): ids reach past the embedding
     long-durations   durations from an unclamped exp(log-duration) head: 1000+ frames per phoneme
+    pinned-durations a duration head whose logits collapsed (a conversion that lost the projection's weights,
+                     bias loaded as -12): every sum of sigmoids rounds to 0 and Kokoro's clamp pins it at 1 frame
     unvoiced         an all-zero F0 contour: the random decoder's exp() path explodes (peak ~1e4-1e5)
     nan              the broken InstanceNorm lowering of seed 000 with unvoiced F0: all-NaN audio
 """
@@ -48,9 +50,11 @@ KOKORO_VOCAB: dict[str, int] = {
 }
 N_TOKEN = 178
 MAX_DUR = 50
+MIN_DUR = 1   # Kokoro: `torch.round(duration).clamp(min=1)`; no upper clamp (a sum of MAX_DUR sigmoids)
+DURATION_CLAMP = (MIN_DUR, None)
 PAD_ID = 0
 DEMO_PHONEMES = "həlˈO wˈɜɹld"
-FAULTS = ("unknown-symbols", "oov-id", "long-durations", "unvoiced", "nan")
+FAULTS = ("unknown-symbols", "oov-id", "long-durations", "pinned-durations", "unvoiced", "nan")
 
 
 class KokoroPipeline:
@@ -107,9 +111,9 @@ class KokoroPipeline:
                 setattr(parent, name, child)
 
     def checker(self) -> StageChecker:
-        """A `StageChecker` set up for this model (Kokoro's vocabulary and embedding size)."""
+        """A `StageChecker` set up for this model (Kokoro's vocabulary, embedding size and duration clamp)."""
         return StageChecker(vocab=KOKORO_VOCAB, embedding_size=N_TOKEN, max_duration_frames=self.max_duration_frames,
-                            sample_rate=self.sample_rate)
+                            duration_clamp=DURATION_CLAMP, sample_rate=self.sample_rate)
 
     # ------------------------------------------------------------------ stages (each a plain function)
     def phonemize(self, phonemes: str) -> str:
@@ -130,8 +134,10 @@ class KokoroPipeline:
             logits = self.duration_head(self.embedding(ids))
             if self.fault == "long-durations":  # an exp(log-duration) head without its clamp
                 return torch.exp(logits.mean(-1) * 0 + 7.2 + torch.rand(ids.shape, generator=self._gen()))
+            if self.fault == "pinned-durations":  # the projection's weights lost, its bias loaded as -12
+                logits = logits * 0 - 12
             dur = torch.sigmoid(logits).sum(-1) / self.speed
-            return torch.round(dur).clamp(min=1).long()
+            return torch.round(dur).clamp(min=MIN_DUR).long()
 
     def _gen(self) -> Any:
         import torch
@@ -208,4 +214,5 @@ def demo(phonemes: str = DEMO_PHONEMES, fault: str | None = None, seed: int = 0,
     return KokoroPipeline(seed, fault, speed=speed).run(phonemes)
 
 
-__all__ = ["DEMO_PHONEMES", "ERROR", "FAULTS", "KOKORO_VOCAB", "KokoroPipeline", "N_TOKEN", "demo"]
+__all__ = ["DEMO_PHONEMES", "DURATION_CLAMP", "ERROR", "FAULTS", "KOKORO_VOCAB", "KokoroPipeline", "N_TOKEN",
+           "demo"]

@@ -50,9 +50,16 @@ class StageTiming:
                 "rss_peak_growth_bytes": self.rss_peak_growth_bytes, "error": self.error}
 
 
+# Where each kind of stage sits in a TTS pipeline. Reports list stages in this order whatever the order the
+# checks were called in; a stage of another name takes the place of the check it was run as, a plain
+# intermediate (`tensor`) sits among the model's intermediates, just before the audio.
+PIPELINE_ORDER = ("text", "phonemes", "ids", "durations", "latents", "mel", "tensor", "audio")
+
+
 @dataclass(frozen=True)
 class StageReport:
-    """Findings, per-stage summaries (figures printed for every stage) and timings, in pipeline order."""
+    """Findings and per-stage summaries (figures printed for every stage) in pipeline order, and timings in
+    the order the stages ran. `first_bad_stage` is the earliest stage of the pipeline with an error."""
 
     findings: tuple[StageFinding, ...]
     summaries: dict[str, dict[str, Any]]
@@ -110,19 +117,24 @@ class StageChecker:
         vocab: symbol → id mapping of the model (phoneme and id checks use it).
         embedding_size: rows of the model's token embedding (a vocabulary needing more ids is a mismatch).
         unk_token / unk_id: the unknown symbol and its id, if the pipeline has one.
-        mel_range: expected log-mel range (default about [-11.5, 0], seed 002); `mel_min_std` the least std.
+        mel_range: expected log-mel range (default about [-11.5, 0], seed 002); `mel_min_std` the least std
+            (default: 1% of the range's width, `checks.MEL_MIN_STD_SHARE`).
         n_mels: expected mel bands (checked when given).
         max_duration_frames: a token longer than this is extreme; `duration_clamp` the predictor's bounds.
         sample_rate: of the audio stage; `audio_thresholds` the audio check's limits.
         track_python_memory: measure the Python-level peak with tracemalloc (slows Python-heavy stages a bit).
+        order: the pipeline's stages in order, when it has stages other than `PIPELINE_ORDER`'s (say
+            `("text", "phonemes", "ids", "encoder_out", "durations", ...)`); stage names and check names
+            (`latents`, `tensor`, ...) both count. Reports follow this order, not the order of the calls.
     """
 
     def __init__(self, *, vocab: Mapping[str, int] | None = None, embedding_size: int | None = None,
                  unk_token: str = "<unk>", unk_id: int | None = None,
-                 mel_range: tuple[float, float] = (-11.5, 0.0), mel_min_std: float = 0.1, n_mels: int | None = None,
-                 max_duration_frames: float = 200, duration_clamp: tuple[float, float] | None = None,
+                 mel_range: tuple[float, float] = (-11.5, 0.0), mel_min_std: float | None = None,
+                 n_mels: int | None = None,
+                 max_duration_frames: float = 200, duration_clamp: tuple[float | None, float | None] | None = None,
                  sample_rate: float | None = None, audio_thresholds: Thresholds | None = None,
-                 track_python_memory: bool = True):
+                 track_python_memory: bool = True, order: Sequence[str] = PIPELINE_ORDER):
         self.vocab = dict(vocab) if vocab is not None else None
         self.embedding_size = embedding_size
         self.unk_token, self.unk_id = unk_token, unk_id
@@ -130,6 +142,8 @@ class StageChecker:
         self.max_duration_frames, self.duration_clamp = max_duration_frames, duration_clamp
         self.sample_rate, self.audio_thresholds = sample_rate, audio_thresholds
         self.track_python_memory = track_python_memory
+        self.order = tuple(order)
+        self._rank: dict[str, int] = {}
         self._findings: list[StageFinding] = []
         self._summaries: dict[str, dict[str, Any]] = {}
         self._timings: list[StageTiming] = []
@@ -139,11 +153,27 @@ class StageChecker:
         self.stopped_after: str | None = None
 
     # ---------------------------------------------------------------- recording
-    def _add(self, stage: str, result: tuple[list[StageFinding], dict[str, Any]]) -> list[StageFinding]:
+    def _place(self, stage: str, kind: str) -> None:
+        """Give `stage` its place in the pipeline: its own name's, else its check's, else a plain tensor's."""
+        if stage not in self._rank:
+            self._rank[stage] = next((self.order.index(k) for k in (stage, kind, "tensor") if k in self.order),
+                                     len(self.order))
+
+    def _add(self, stage: str, result: tuple[list[StageFinding], dict[str, Any]], kind: str | None = None
+             ) -> list[StageFinding]:
         findings, summary = result
+        self._place(stage, kind or stage)
+        for f in findings:
+            self._place(f.stage, kind or f.stage)
         self._findings.extend(findings)
         self._summaries[stage] = {**self._summaries.get(stage, {}), **summary}
         return findings
+
+    def add(self, stage: str, findings: Sequence[StageFinding], summary: Mapping[str, Any] | None = None, *,
+            kind: str = "tensor") -> list[StageFinding]:
+        """Record findings made elsewhere (e.g. from a recorded run's statistics) as stage `stage`, placed in
+        the pipeline like a check of `kind`."""
+        return self._add(stage, (list(findings), dict(summary or {})), kind)
 
     # ---------------------------------------------------------------- stages
     def text(self, text: str) -> list[StageFinding]:
@@ -181,7 +211,7 @@ class StageChecker:
 
     def latents(self, latents: Any, stage: str = "latents") -> list[StageFinding]:
         """Stage 4 (latent models): NaN, all zero, near-constant, exploding values."""
-        return self._add(stage, checks.check_latents(latents, stage=stage))
+        return self._add(stage, checks.check_latents(latents, stage=stage), "latents")
 
     def audio(self, audio: Any, sample_rate: float | None = None) -> list[StageFinding]:
         """Stage 5: the audio health check (silence, NaN, absurd scale, clipping, noise, ...)."""
@@ -194,7 +224,7 @@ class StageChecker:
 
     def tensor(self, name: str, value: Any) -> list[StageFinding]:
         """Any other intermediate: NaN/Inf is flagged, the range summarised."""
-        return self._add(name, checks.check_tensor(name, value))
+        return self._add(name, checks.check_tensor(name, value), "tensor")
 
     CHECKS = ("text", "phonemes", "ids", "durations", "mel", "latents", "audio")
 
@@ -238,7 +268,8 @@ class StageChecker:
             with self.timed(stage):
                 out = fn(*args, **kwargs)
         except Exception as e:
-            self._findings.append(StageFinding(stage, "raised", ERROR, f"{stage} raised {type(e).__name__}: {e}"))
+            self._add(stage, ([StageFinding(stage, "raised", ERROR, f"{stage} raised {type(e).__name__}: {e}")], {}),
+                      check_as or stage)
             raise
         kind = check_as or stage
         if kind == "audio":
@@ -257,5 +288,9 @@ class StageChecker:
         self.stopped_after = after
 
     def report(self, source: str | None = None) -> StageReport:
-        return StageReport(findings=tuple(self._findings), summaries=dict(self._summaries),
-                           timings=tuple(self._timings), stopped_after=self.stopped_after, source=source)
+        """Findings and summaries in pipeline order (`order`); among stages of one place, the order of calls."""
+        rank = {stage: (r, i) for i, (stage, r) in enumerate(self._rank.items())}
+        findings = sorted(self._findings, key=lambda f: rank[f.stage])   # stable: a stage keeps its own order
+        summaries = dict(sorted(self._summaries.items(), key=lambda kv: rank[kv[0]]))
+        return StageReport(findings=tuple(findings), summaries=summaries, timings=tuple(self._timings),
+                           stopped_after=self.stopped_after, source=source)
