@@ -91,3 +91,22 @@ def test_diff_bad_input_exits_2(tmp_path):
     ref = write(tmp_path / "a.wav", sine())
     res = runner.invoke(app, ["audio", "diff", ref, str(tmp_path / "nope.wav")])
     assert res.exit_code == 2 and "no such file" in text(res)
+
+
+def test_quiet_file_exits_0_with_a_quiet_note_and_a_held_one_exits_1(tmp_path):
+    """The issue's case through the command line: a harmonic tone at -58 dBFS was exit 1 (near_constant)."""
+    tt = np.arange(SR) / SR
+    tone = sum(np.sin(2 * np.pi * 220 * k * tt) / k for k in range(1, 6))
+    quiet = write(tmp_path / "quiet.wav", tone / np.abs(tone).max() * 10 ** (-58 / 20), subtype="FLOAT")
+    res = runner.invoke(app, ["audio", "check", quiet, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)["files"][0]
+    assert doc["status"] == "ok" and doc["notes"][0].startswith("quiet: peak -58.0 dBFS")
+    near = next(v for v in doc["verdicts"] if v["check"] == "near_constant")
+    assert near["unit"] == "dB" and near["status"] == "ok"
+    held = 0.5 * tone / np.abs(tone).max()
+    held[4100:4500] = held[4100]   # 25 ms held at 0.095 (-20.4 dBFS)
+    res = runner.invoke(app, ["audio", "check", write(tmp_path / "held.wav", held)])
+    assert res.exit_code == 1 and "stuck: channel 0 holds" in text(res)
+    res = runner.invoke(app, ["audio", "check", quiet, "-t", "near_constant_std=0.001"])
+    assert res.exit_code == 2 and "replaced by near_constant_db" in text(res)

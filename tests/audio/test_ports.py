@@ -1,0 +1,81 @@
+"""The level rules on real ports: the Kokoro-82M decoder exported by torch.onnx (dynamo) and run by ONNX Runtime,
+and the float16 port onnxruntime's own converter makes of that file.
+
+A gain change keeps every verdict of each port's output from -50 to 0 dBFS (float32 and 16-bit PCM); a
+streaming port whose buffer underruns and repeats its last sample is caught as stuck at every level.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorprobe.audio import check
+
+pytestmark = pytest.mark.slow
+SR = 24_000
+LEVELS = np.linspace(-50, 0, 11)
+
+
+@pytest.fixture(scope="module")
+def port_outputs(tmp_path_factory):
+    pytest.importorskip("kokoro", reason="needs the kokoro extra")
+    pytest.importorskip("onnxruntime", reason="needs the onnx extra")
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from tensorprobe.examples import kokoro
+    from tensorprobe.runtimes.onnxruntime import export_onnx
+
+    root = tmp_path_factory.mktemp("ports")
+    model, inputs = kokoro.exportable_decoder(), kokoro.decoder_inputs(0.5, voiced=True)
+    fp32 = export_onnx(model, inputs, root / "decoder.onnx", exporter="dynamo")
+    fp16 = root / "decoder_fp16.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(fp16))
+    outputs = {}
+    for name, path in (("onnxruntime fp32", fp32), ("onnxruntime fp16", fp16)):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        feeds = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
+        outputs[name] = session.run(None, feeds)[0].astype(np.float64).ravel()
+    return outputs
+
+
+def stored(x, level_dbfs, dtype):
+    y = x * (10 ** (level_dbfs / 20) / np.abs(x).max())
+    if dtype == "int16":
+        return np.clip(np.round(y * 32768), -32768, 32767).astype(np.int16)
+    return y.astype(dtype)
+
+
+def statuses(r):
+    return {v.check: v.status for v in r.verdicts}
+
+
+@pytest.mark.parametrize("port", ["onnxruntime fp32", "onnxruntime fp16"])
+@pytest.mark.parametrize("dtype", ["float32", "int16"])
+def test_a_ports_output_keeps_its_verdicts_at_every_level(port_outputs, port, dtype):
+    """(Random weights and a silenced source make this decoder's output noise-like: flatness ~0.68, an error
+    that stays an error at every level, as it must.)"""
+    x = port_outputs[port]
+    reference = check(stored(x, -20, dtype), SR)
+    assert {v.check for v in reference.verdicts if v.fired} <= {"noise_like"}, reference.summary()
+    for level in LEVELS:
+        r = check(stored(x, level, dtype), SR)
+        assert statuses(r) == statuses(reference), (level, r.summary())
+        assert bool(r.notes) == (r.figures["peak_dbfs"] < -40)
+
+
+@pytest.mark.parametrize("port", ["onnxruntime fp32", "onnxruntime fp16"])
+def test_a_buffer_underrun_is_stuck_at_every_level(port_outputs, port):
+    """The port's stream stalls for 40 ms and its player repeats the last sample it had."""
+    x = port_outputs[port].copy()
+    peak_at = int(np.argmax(np.abs(x)))
+    after = np.abs(x[peak_at:]) / np.abs(x).max()
+    i = peak_at + int(np.flatnonzero((after > 0.3) & (after < 0.9))[0])   # below the clip level
+    x[i:i + int(0.04 * SR)] = x[i]
+    for level in LEVELS:
+        for dtype in ("float32", "int16"):
+            v = check(stored(x, level, dtype), SR).verdict("stuck")
+            assert v.status == "error" and v.details["start_frame"] == i, (level, dtype, v.message)
+            assert v.figure == pytest.approx(0.04, abs=2 / SR)
