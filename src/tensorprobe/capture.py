@@ -46,10 +46,10 @@ from .bundle import Bundle
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import InputError
-from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_REPLAYED, WEIGHT_KINDS,
-                     Record, dtype_name, module_label, record_name)
+from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_UNRECORDED,
+                     TAG_REPLAYED, WEIGHT_KINDS, Record, dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
-from .hooks import (ModuleStack, module_tensors, op_base_name, op_full_name, op_tensors,
+from .hooks import (ModuleStack, module_tensors, module_types, op_base_name, op_full_name, op_tensors,
                     user_source_line)
 from .ops import ALIAS_OPS, ANGLE_OPS, RNG_OPS, SKIP_OPS
 from .weights import named_weights
@@ -267,7 +267,8 @@ class Capture:
         self.channel_dim = channel_dim
         self.on_record = on_record
         self.model_info = {"class": type(model).__name__,
-                           "parameters": sum(p.numel() for p in model.parameters()), **(model_info or {})}
+                           "parameters": sum(p.numel() for p in model.parameters()),
+                           "module_types": module_types(model), **(model_info or {})}
         self.out = Path(out) if out is not None else None
         self.shard_bytes = shard_bytes
         self.replay = None
@@ -420,12 +421,15 @@ class Capture:
                 return
             flat = module_tensors(output)
             rec = self._recorder
-            inputs = rec.input_names(module_tensors(args))
+            arg_tensors = module_tensors(args)
+            inputs = rec.input_names(arg_tensors)
+            # an input no record made came from a parent's own code: `nan` must not blame this module alone
+            tags = (TAG_INPUTS_UNRECORDED,) if any(rec.producer.get(t) is None for t in arg_tensors) else ()
             with self._paused():
                 for i, t in enumerate(flat):
                     rec.record(t, name=record_name(path, call, output=i if len(flat) > 1 else None),
                                module=path, op=f"module:{type(module).__name__}", kind=KIND_OUTPUT,
-                               call=call, inputs=inputs)
+                               call=call, inputs=inputs, tags=tags)
         return hook
 
 

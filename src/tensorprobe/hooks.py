@@ -87,6 +87,12 @@ def op_full_name(func: Any) -> str:
     return name
 
 
+def module_types(model: torch.nn.Module) -> dict[str, str]:
+    """Path -> class name of every module (the root's path is ""): what a bundle's manifest keeps so that a
+    diagnosis can see that `gen.norm` is an `InstanceNorm1d` rather than guess it from its name."""
+    return {path: type(m).__name__ for path, m in model.named_modules()}
+
+
 def module_tensors(value: Any) -> list[torch.Tensor]:
     """Tensors in a module's inputs or output, at any depth; the common cases (a tensor, a flat tuple of
     tensors) without torch's pytree, which costs ~10 µs a call."""

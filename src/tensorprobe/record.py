@@ -60,6 +60,9 @@ TAG_REPLAYED = "replayed"
 # Tag of a module record of a runtime whose op records (left out of a module-level comparison) include random
 # draws not replayed from the reference: the module's output is computed from draws that differ.
 TAG_DRAWS_RANDOM = "draws_random"
+# Tag of a module-level record one of whose tensor inputs no record made (it came from code of a parent module
+# that module level does not record): NaN in it may have been born there, before the call.
+TAG_INPUTS_UNRECORDED = "inputs_unrecorded"
 # The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
 OP_UNKNOWN = "tensor"
 
@@ -121,6 +124,16 @@ def dtype_name(dtype: Any) -> str:
 
 def module_label(path: str) -> str:
     return path if path else ROOT
+
+
+def module_place(path: str | None, module_type: str | None = None) -> str:
+    """How a finding names a module: its path; the root, whose path says nothing, with the model's class.
+
+    >>> module_place("", "KokoroDecoder"), module_place("gen.norm", "InstanceNorm1d"), module_place("")
+    ('<root> (KokoroDecoder)', 'gen.norm', '<root>')
+    """
+    label = module_label(path or "")
+    return f"{label} ({module_type})" if not path and module_type else label
 
 
 def record_name(module: str, call: int = 0, op: str | None = None, k: int = 0,

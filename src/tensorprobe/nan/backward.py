@@ -32,9 +32,8 @@ from ..hooks import ModuleStack, module_hooks, op_base_name, op_full_name, op_te
 from ..record import record_name
 from .diagnose import Evidence, diagnose
 from .live import _check_inputs_and_parameters, _has_nonfinite
-from .origin import CAUSE_OP, NanOrigin, TensorSummary
+from .origin import CAUSE_OP, LOSS_MODULE, NanOrigin, TensorSummary
 
-LOSS_MODULE = "loss"          # the module path the loss function's ops are named under: `loss/log.0`
 MAX_NAMED = 8                 # parameters and positions named in full; the rest are counted
 
 # Ops whose derivative is infinite at a point where the op itself is finite: what each one needs, and the

@@ -16,6 +16,7 @@ A new rule is one function added to `RULES`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ from ..arrays import as_numpy
 from ..ops import canonical_op
 from ..record import dtype_name
 from ..stats import TensorStats, compute_stats
+from .computation import OpNode, chain_text, statistic_of
 
 # Largest finite value of each float dtype (by name: bfloat16 has no NumPy dtype).
 FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
@@ -43,7 +45,11 @@ _ACCUM_OPS = {"add", "sub", "sum", "mean", "cumsum", "mm", "bmm", "addmm", "badd
 
 @dataclass
 class Evidence:
-    """What is known about one op: its name, module type, values (NumPy) and statistics."""
+    """What is known about one op: its name, module type, values (NumPy) and statistics, and how each of its
+    inputs was computed as far as that was recorded (`computation`, one `OpNode` or None per input).
+
+    `module_type` is the class of the module the op runs in (`InstanceNorm1d`); where no class is known (a
+    runtime's or a port's bundle), `module` is its path, whose last name (`norm`) is a weaker hint."""
 
     op: str
     module_type: str = ""
@@ -53,6 +59,8 @@ class Evidence:
     output_stats: TensorStats | None = None
     input_dtypes: list[str] = field(default_factory=list)
     output_dtype: str | None = None
+    computation: tuple[OpNode | None, ...] = ()
+    module: str = ""
 
     def __post_init__(self) -> None:
         self.op = canonical_op(self.op)
@@ -78,22 +86,73 @@ def exp_overflow_threshold(dtype: Any) -> float:
     return math.log(FLOAT_MAX.get(dtype_name(dtype), FLOAT_MAX["float32"]))
 
 
-def _looks_like_statistic(t: np.ndarray) -> bool:
-    """A per-channel (or per-row) statistic has at most two non-singleton dims, e.g. [1, C, 1]."""
-    return t.ndim >= 2 and sum(s > 1 for s in t.shape) <= 1
+# A normalization module's class: InstanceNorm1d, LayerNorm, FaultyInstanceNorm1d, AdaLayerNorm, RMSNorm,
+# LayerNormalization. Not `Normalize` (a division by a peak) nor a weight-norm parametrization.
+_NORM_TYPE = re.compile(r"Norm(\d[dD])?$|Normalization$")
+# Where no class is known, a module whose own name says norm (`norm`, `norm1`, `layer_norm`).
+_NORM_NAME = re.compile(r"(^|_)(norm|ln|bn|in)\d*$", re.IGNORECASE)
+
+
+def is_norm_type(module_type: str) -> bool:
+    """`module_type` names a normalization class (`module:InstanceNorm1d` or `InstanceNorm1d`)."""
+    return bool(_NORM_TYPE.search(module_type.removeprefix("module:")))
+
+
+def normalization_reason(ev: Evidence) -> str | None:
+    """Why the op counts as part of a normalization, from what was recorded; None when nothing shows it.
+
+    The op itself is a normalization kernel, or its module's class is a normalization (module level), or,
+    where no class was recorded, its module is named like one."""
+    if ev.op in _NORM_OPS:
+        return f"{ev.op} is a normalization kernel"
+    if is_norm_type(ev.module_type):
+        return f"it runs in {ev.module_type.removeprefix('module:')}"
+    if not ev.module_type and ev.module and _NORM_NAME.search(ev.module.rsplit(".", 1)[-1]):
+        return f"it runs in a module named {ev.module.rsplit('.', 1)[-1]!r} (its class was not recorded)"
+    return None
 
 
 def in_normalization(ev: Evidence) -> bool:
-    """The op is a normalization kernel, or runs inside a module named or typed as one."""
-    return "norm" in ev.module_type.lower() or ev.op in _NORM_OPS
+    """The recorded computation shows a normalization: see `normalization_reason`."""
+    return normalization_reason(ev) is not None
 
 
 VARIANCE_ADVICE = (
-    "A per-channel statistic went negative: this is a normalization whose variance came out negative "
-    "(or zero), typically var = E[x²] − E[x]² with cancellation on channels whose mean is large against "
-    "their spread, made worse by reduced precision. Compute the variance as E[(x − mean)²] in float32, "
-    "or avoid the backend's lowering of this normalization."
+    "A normalization's variance came out negative (or zero): typically var = E[x²] − E[x]² with cancellation "
+    "on channels whose mean is large against their spread, made worse by reduced precision. Compute the "
+    "variance as E[(x − mean)²] in float32, or avoid the backend's lowering of this normalization."
 )
+
+
+def statistic_cause(ev: Evidence) -> str | None:
+    """The sentence that names a negative statistic as the cause, when the recorded computation shows one:
+    the op's input computed as a variance (`computation.statistic_of`), or a normalization op or module."""
+    producer = ev.computation[0] if ev.computation else None
+    stat = statistic_of(producer)
+    reason = normalization_reason(ev)
+    if stat is None:
+        return f"{VARIANCE_ADVICE} (Evidence: {reason}.)" if reason else None
+    return (f"Its input is {stat}, computed by {chain_text(producer)}{f' ({reason})' if reason else ''}: the "
+            "variance came out negative where it cancels — on values whose mean is large against their spread, "
+            "E[x²] and E[x]² agree to within their rounding, which has either sign. Compute the variance as "
+            "E[(x − mean)²] (two passes, or Welford) in float32, or use the framework's normalization.")
+
+
+def _domain_text(op: str) -> str:
+    return "x > 0" if op in _LOG_OPS else "x ≥ 0"
+
+
+def unexplained_negative_input(ev: Evidence, low: float, high: float, negative: str) -> str:
+    """What is known of a negative input when nothing recorded shows it to be a statistic: the op, the
+    input's sign and range, the ops that made it; and what to do."""
+    producer = ev.computation[0] if ev.computation else None
+    made = chain_text(producer)
+    origin = (f"made by {made}" if made else "not made by a recorded op (a model input, a weight or a constant)"
+              if ev.computation else "of unrecorded origin")
+    return (f"Its input ranges over [{low:.4g}, {high:.4g}] ({negative}), {origin}: nothing recorded computes it "
+            f"as a variance or another statistic that cannot be negative, so the values are negative as "
+            f"computed. {ev.op} is defined for {_domain_text(ev.op)}: keep its input in the domain "
+            f"(clamp(min=eps), abs, softplus, or exp of a log-domain value), or find why it goes negative.")
 
 
 def _rule_negative_domain(ev: Evidence) -> list[str]:
@@ -107,8 +166,9 @@ def _rule_negative_domain(ev: Evidence) -> list[str]:
     out = []
     if neg and ev.op != "log1p":
         out.append(f"{ev.op} of {neg} negative value{'s' if neg > 1 else ''} (input min {float(x.min()):.3g}).")
-        if _looks_like_statistic(x) or in_normalization(ev):
-            out.append(VARIANCE_ADVICE)
+        finite = x[np.isfinite(x)]
+        out.append(statistic_cause(ev) or unexplained_negative_input(
+            ev, float(finite.min()), float(finite.max()), f"{neg:,} of {x.size:,} values negative"))
     if zero and ev.op in ("rsqrt", *_LOG_OPS):
         what = "1/sqrt(0) = Inf" if ev.op == "rsqrt" else "log(0) = -Inf"
         out.append(f"{ev.op} of {zero} exact zero{'s' if zero > 1 else ''}: {what}. Add an epsilon or a floor "
@@ -185,9 +245,9 @@ def _rule_channel_pattern(ev: Evidence) -> list[str]:
     st = ev.output_stats
     if st is None or not st.nonfinite_channels or not st.channels or st.nonfinite_channels == st.channels:
         return []
-    return [f"Pattern: {st.nonfinite_channels} of {st.channels} channels entirely non-finite — the fingerprint of a "
-            "per-channel scalar (a normalization's mean or variance) gone bad. The next op that mixes channels "
-            "(a convolution) will make every channel non-finite."]
+    return [f"Pattern: {st.nonfinite_channels} of {st.channels} channels entirely non-finite — whole channels, not "
+            "scattered elements: something computed per channel (a statistic, a scale, a bias) is out of range "
+            "for them. The next op that mixes channels (a convolution) will make every channel non-finite."]
 
 
 RULES: list[Callable[[Evidence], list[str]]] = [
@@ -209,22 +269,37 @@ def diagnose(ev: Evidence) -> list[str]:
 
 
 def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats],
-                        output_stats: TensorStats) -> list[str]:
-    """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only)."""
-    out = []
-    op = canonical_op(op)
-    if in_normalization(Evidence(op=op, module_type=module_type)) and output_stats.nonfinite_channels:
-        out.append(VARIANCE_ADVICE)
+                        output_stats: TensorStats, *, computation: tuple[OpNode | None, ...] = (),
+                        module: str = "", subject: str | None = None) -> list[str]:
+    """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only).
+
+    `module_type` is the class of the op's module (`module:InstanceNorm1d` for a module-level record), ""
+    when unknown; `computation` how its inputs were made (`Evidence.computation`); `module` its path;
+    `subject` how the text names the record (default: the op)."""
+    op = canonical_op(op) if not op.startswith("module:") else op.removeprefix("module:")
+    ev = Evidence(op=op, module_type=module_type, output_stats=output_stats, computation=computation, module=module)
+    out = _negative_domain_from_stats(ev, input_stats)
+    if not out and output_stats.nonfinite_channels and in_normalization(ev):
+        out.append(f"{VARIANCE_ADVICE} (Evidence: {normalization_reason(ev)}.)")
     if any(op.lower().startswith(p) or p in op.lower() for p in ("exp",)) and input_stats:
         mx = input_stats[0].max
         if mx is not None and mx > exp_overflow_threshold("float16"):
             out.append(f"exp input max {mx:.4g}: overflows float16 above ~11.1 and float32 above ~88.7.")
-    out.extend(_rule_channel_pattern(Evidence(op=op, output_stats=output_stats)))
+    out.extend(_rule_channel_pattern(ev))
     if not out:
-        out.append(f"{op} is the first record holding non-finite values ({output_stats.nan} NaN, "
+        out.append(f"{subject or op} is the first record holding non-finite values ({output_stats.nan} NaN, "
                    f"{output_stats.posinf + output_stats.neginf} ±Inf); capture with level='op', keep='full' "
                    "for a finer diagnosis.")
     return out
+
+
+def _negative_domain_from_stats(ev: Evidence, input_stats: list[TensorStats]) -> list[str]:
+    """A domain op (sqrt, log, ...) whose recorded input statistics hold negative values."""
+    st = input_stats[0] if input_stats else None
+    if ev.op not in _NEG_DOMAIN_OPS or ev.op == "log1p" or st is None or st.min is None or not st.min < 0:
+        return []
+    head = f"{ev.op} of negative values (input min {st.min:.3g})."
+    return [head, statistic_cause(ev) or unexplained_negative_input(ev, st.min, st.max, "some values negative")]
 
 
 # A one-pass variance E[x²] − E[x]² of n float32 values carries rounding noise up to about mean²·n·u

@@ -12,7 +12,9 @@ from dataclasses import replace
 
 from ..bundle import Bundle
 from ..ops import NAN_FREE_OPS, canonical_op
-from ..record import KIND_MODEL_INPUT, WEIGHT_KINDS, Record, module_label
+from ..record import (KIND_INPUT, KIND_MODEL_INPUT, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record, module_label,
+                      module_place)
+from .computation import MAX_DEPTH, OpNode
 from .diagnose import (VARIANCE_ADVICE, Evidence, diagnose, diagnose_from_stats, in_normalization,
                        normalization_input_evidence)
 from .origin import CAUSE_MODEL_INPUT, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED, NanOrigin, TensorSummary
@@ -22,32 +24,74 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
     """The first record, in execution order, holding non-finite values whose recorded inputs were finite.
 
     Works on any bundle: a tensorprobe capture, another runtime's capture, or a port's `.npz`/`.safetensors`
-    dump. With stored tensors (keep="full") the diagnosis looks at the values; otherwise at statistics.
+    dump. With stored tensors (keep="full") the diagnosis looks at the values; otherwise at statistics. A
+    cause is named only where the bundle shows it: the op graph (`Record.inputs`) for how a value was
+    computed, the module's class (module level, or the manifest's `module_types`) for a normalization.
     """
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
-    records = sorted(b.records, key=lambda r: r.order)
-    by_name = {r.name: r for r in records}
-    for r in records:
+    ctx = _Context(b)
+    for r in ctx.records:
         if r.stats.all_finite:
             continue
         if r.kind == KIND_MODEL_INPUT:
             return NanOrigin(found=True, cause=CAUSE_MODEL_INPUT, record=r.name,
                              output=TensorSummary(r.name, r.shape, r.dtype, r.stats),
                              diagnosis=(f"Model input {r.name} is already non-finite "
-                                        f"({r.stats.finite_frac:.4%} finite).",), ops_checked=len(records))
+                                        f"({r.stats.finite_frac:.4%} finite).",), ops_checked=len(ctx.records))
         if r.kind in WEIGHT_KINDS:
             return NanOrigin(found=True, cause=CAUSE_PARAMETER, record=r.name, module=r.module,
                              output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=(
                                  f"{'Parameter' if r.kind == 'param' else 'Buffer'} {r.name} holds {r.stats.nan} NaN "
                                  f"and {r.stats.posinf + r.stats.neginf} ±Inf values: the checkpoint or training run "
-                                 "is broken (exploding gradients?), not the forward.",), ops_checked=len(records))
-        ins = [by_name[n] for n in r.inputs if n in by_name]
+                                 "is broken (exploding gradients?), not the forward.",), ops_checked=len(ctx.records))
+        ins = [ctx.by_name[n] for n in r.inputs if n in ctx.by_name]
         if any(not i.stats.all_finite for i in ins):
             continue  # inherited, not born here
+        if r.kind == KIND_INPUT:
+            return _before_the_call(ctx, r)
         if _cannot_make_nan(r, ins):
-            return _unrecorded_origin(b, r, records, len(records))
-        return _bundle_origin(b, r, ins, records)
-    return NanOrigin(found=False, ops_checked=len(records), incomplete=_incomplete(b))
+            return _unrecorded_origin(ctx, r)
+        return _bundle_origin(ctx, r, ins)
+    return NanOrigin(found=False, ops_checked=len(ctx.records), incomplete=_incomplete(b))
+
+
+class _Context:
+    """A bundle as the search reads it: records in execution order, by name, and each module's class."""
+
+    def __init__(self, b: Bundle):
+        self.b = b
+        self.records = sorted(b.records, key=lambda r: r.order)
+        self.by_name = {r.name: r for r in self.records}
+        model = b.manifest.get("model") or {}
+        types = dict(model.get("module_types") or {})
+        types.update((r.module, r.op.removeprefix("module:")) for r in self.records if r.op.startswith("module:"))
+        if model.get("class"):
+            types.setdefault("", model["class"])
+        self.types: dict[str, str] = types
+        self._nodes: dict[str, OpNode | None] = {}
+
+    def place(self, module: str) -> str:
+        """The module as a finding names it: the root with the model's class."""
+        return module_place(module, self.types.get(module))
+
+    def type_of(self, r: Record) -> str:
+        return self.types.get(r.module, "")
+
+    def computation(self, r: Record) -> tuple[OpNode | None, ...]:
+        """How each input of r was computed, from the op graph the bundle recorded."""
+        return tuple(self.node(n) for n in r.inputs)
+
+    def node(self, name: str, depth: int = MAX_DEPTH) -> OpNode | None:
+        r = self.by_name.get(name)
+        if r is None or depth <= 0 or r.kind in WEIGHT_KINDS or r.kind == KIND_MODEL_INPUT:
+            return None   # a weight, a model input or a value the bundle lacks: not a computed value
+        key = f"{depth}:{name}"
+        if key not in self._nodes:
+            same = len(r.inputs) >= 2 and len(set(r.inputs)) == 1
+            nonneg = None if r.stats.min is None else bool(r.stats.min >= 0)
+            self._nodes[key] = OpNode(canonical_op(r.op), tuple(self.node(n, depth - 1) for n in r.inputs),
+                                      same_inputs=same, nonneg=nonneg, name=r.name)
+        return self._nodes[key]
 
 
 def _cannot_make_nan(r: Record, ins: list[Record]) -> bool:
@@ -57,49 +101,82 @@ def _cannot_make_nan(r: Record, ins: list[Record]) -> bool:
     return not r.inputs or len(ins) < len(r.inputs)
 
 
-def _unrecorded_origin(b: Bundle, r: Record, records: list[Record], n: int) -> NanOrigin:
+def _before_the_call(ctx: _Context, r: Record) -> NanOrigin:
+    """A module call's recorded input (`--record-inputs`) is the first record holding NaN: it was made before
+    the call, by the code of a module around it, not by the module called."""
+    parent = _parent_of(r.module)
+    last = _last_finite_before(ctx, r)
+    since = f" after {last.name} (the last finite record)" if last is not None else ""
+    text = (f"{r.name}, an input of {ctx.place(r.module)}, is the first record holding non-finite values: they were "
+            f"made before the call, by code of {ctx.place(parent)} that ran{since}, which this bundle does not "
+            "record op by op; capture at level='op' to see the op.")
+    return NanOrigin(found=True, cause=CAUSE_UNRECORDED, record=r.name, op=None, module=parent,
+                     module_type=ctx.types.get(parent) or None, op_index=r.order,
+                     output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=(text,),
+                     ops_checked=len(ctx.records), note=_incomplete(ctx.b))
+
+
+def _parent_of(module: str) -> str:
+    return module.rsplit(".", 1)[0] if "." in module else ""
+
+
+def _last_finite_before(ctx: _Context, r: Record) -> Record | None:
+    earlier = [x for x in ctx.records if x.order < r.order and x.kind not in WEIGHT_KINDS]
+    return earlier[-1] if earlier else None
+
+
+def _unrecorded_origin(ctx: _Context, r: Record) -> NanOrigin:
     """The NaN came from a value the bundle lacks: name the module whose output first holds it."""
+    b, records = ctx.b, ctx.records
     producer = _producer_of_unrecorded(r, records)
-    first = f"The first record holding NaN is {r.op} in {module_label(r.module)} ({r.name}), an op that " \
+    first = f"The first record holding NaN is {r.op} in {ctx.place(r.module)} ({r.name}), an op that " \
             f"cannot make NaN from finite inputs: the NaN came in through a value it read that the bundle does " \
             f"not hold (a kernel whose output the runtime did not expose)."
     if producer is None:
-        return replace(_bundle_origin(b, r, [], records), cause=CAUSE_UNRECORDED, diagnosis=(
+        return replace(_bundle_origin(ctx, r, []), cause=CAUSE_UNRECORDED, diagnosis=(
             first, "No recorded module output inside it holds NaN either: capture at op level with keep='full' "
                    "(or with the runtime's per-kernel outputs) to see the producer."))
     diagnosis = [first, f"{producer.name} is the module output that holds it: the NaN is born inside "
-                        f"{module_label(producer.module)}."]
-    evidence, measured = _normalization_evidence(b, producer, records)
-    general = diagnose_from_stats(canonical_op(producer.op), producer.module.rsplit(".", 1)[-1], [], producer.stats)
-    diagnosis += evidence + [d for d in general if not (measured and d == VARIANCE_ADVICE)]   # said with numbers
+                        f"{ctx.place(producer.module)}."]
+    evidence, measured = _normalization_evidence(ctx, producer)
+    general = diagnose_from_stats(producer.op, ctx.type_of(producer), [], producer.stats, module=producer.module,
+                                  subject=_subject(ctx, producer))
+    diagnosis += evidence + [d for d in general if not (measured and d.startswith(VARIANCE_ADVICE))]
     return NanOrigin(
         found=True, cause=CAUSE_UNRECORDED, record=producer.name, op=producer.op, module=producer.module,
-        op_index=producer.order, output=TensorSummary(producer.name, producer.shape, producer.dtype, producer.stats),
-        diagnosis=tuple(diagnosis), ops_checked=n,
-        note=_incomplete(b))
+        module_type=ctx.type_of(producer) or None, op_index=producer.order,
+        output=TensorSummary(producer.name, producer.shape, producer.dtype, producer.stats),
+        diagnosis=tuple(diagnosis), ops_checked=len(records), note=_incomplete(b))
 
 
-def _normalization_evidence(b: Bundle, norm: Record, records: list[Record]) -> tuple[list[str], bool]:
+def _normalization_evidence(ctx: _Context, norm: Record, ins: list[Record] = ()) -> tuple[list[str], bool]:
     """For NaN born in a normalization: what its input's channels say (`normalization_input_evidence`),
     and whether that was measured (the input's tensor is in the bundle) rather than only pointed at.
 
-    The input is the last finite record of the norm's shape made before the norm's first record: a
-    normalization keeps its input's shape, and runtimes record module outputs, not module inputs."""
-    if not in_normalization(Evidence(op=canonical_op(norm.op), module_type=norm.module.rsplit(".", 1)[-1])):
+    The input is the recorded input of the norm's shape, or else the last finite record of that shape made
+    before the norm's first record: a normalization keeps its input's shape, and runtimes record module
+    outputs, not module inputs."""
+    records = ctx.records
+    if not in_normalization(Evidence(op=canonical_op(norm.op), module_type=ctx.type_of(norm), module=norm.module)):
         return [], False
-    inside = [x.order for x in records if x.module == norm.module or x.module.startswith(f"{norm.module}.")]
-    start = min(inside, default=norm.order)
-    before = [x for x in records if x.order < start and x.shape == norm.shape
-              and x.kind in ("output", "model_input") and x.stats.kind == "float" and x.stats.all_finite]
-    if not before:
+    x = next((i for i in ins if i.shape == norm.shape and i.stats.kind == "float"), None) or _input_by_shape(ctx, norm)
+    if x is None:
         return [], False
-    x = max(before, key=lambda r: r.order)
     if not x.has_tensor:   # statistics only: say how to get the evidence, for this one record
         return [f"Its input is most likely {x.name}; to see whether its channels are nearly constant (mean² ≫ "
                 f"variance: cancellation in a one-pass variance), capture again with --keep full --include "
                 f"'{re.escape(x.name)}|{re.escape(norm.name)}'."], False
-    found = normalization_input_evidence(b.numpy(x.name), norm.stats.nonfinite_channel_idx, x.name)
+    found = normalization_input_evidence(ctx.b.numpy(x.name), norm.stats.nonfinite_channel_idx, x.name)
     return found, bool(found)
+
+
+def _input_by_shape(ctx: _Context, norm: Record) -> Record | None:
+    records = ctx.records
+    inside = [x.order for x in records if x.module == norm.module or x.module.startswith(f"{norm.module}.")]
+    start = min(inside, default=norm.order)
+    before = [x for x in records if x.order < start and x.shape == norm.shape
+              and x.kind in ("output", "model_input") and x.stats.kind == "float" and x.stats.all_finite]
+    return max(before, key=lambda r: r.order) if before else None
 
 
 def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
@@ -112,22 +189,56 @@ def _producer_of_unrecorded(r: Record, records: list[Record]) -> Record | None:
     return min(inside, key=lambda x: (-x.module.count("."), x.module == r.module, x.order))
 
 
-def _bundle_origin(b: Bundle, r: Record, ins: list[Record], records: list[Record]) -> NanOrigin:
+def _subject(ctx: _Context, r: Record) -> str:
+    """How a diagnosis names record r: a module-level record by its module (the root with its class)."""
+    return ctx.place(r.module) if r.op.startswith("module:") or "/" not in r.name else r.name
+
+
+def _bundle_origin(ctx: _Context, r: Record, ins: list[Record]) -> NanOrigin:
+    b = ctx.b
     base = canonical_op(r.op)
+    computation = ctx.computation(r)
     if r.has_tensor and ins and all(i.has_tensor for i in ins):   # any producer: rules see canonical op names
-        diagnosis = diagnose(Evidence(op=base, inputs=[b.numpy(i.name) for i in ins], output=b.numpy(r.name),
-                                      input_dtypes=[i.dtype for i in ins], output_dtype=r.dtype))
+        diagnosis = diagnose(Evidence(op=base, module_type=ctx.type_of(r), inputs=[b.numpy(i.name) for i in ins],
+                                      output=b.numpy(r.name), input_dtypes=[i.dtype for i in ins],
+                                      output_dtype=r.dtype, computation=computation, module=r.module))
     else:
-        diagnosis = diagnose_from_stats(base, r.op, [i.stats for i in ins], r.stats)
-        if not ins:   # a runtime's kernel record (no dataflow): a normalization's input is found by shape
-            evidence, measured = _normalization_evidence(b, r, records)
-            diagnosis = evidence + [d for d in diagnosis if not (measured and d == VARIANCE_ADVICE)]
+        diagnosis = diagnose_from_stats(r.op, ctx.type_of(r), [i.stats for i in ins], r.stats,
+                                        computation=computation, module=r.module, subject=_subject(ctx, r))
+    if r.stats.nonfinite_channels and not any("one-pass variance E[x²] − E[x]² (the mean" in d for d in diagnosis):
+        evidence, measured = _normalization_evidence(ctx, r, ins)   # what the norm's input channels say
+        diagnosis = evidence + [d for d in diagnosis if not (measured and d.startswith(VARIANCE_ADVICE))]
+    or_born_in = None
+    if r.op.startswith("module:"):
+        or_born_in = _parent_code(ctx, r)
+        diagnosis = [d for d in diagnosis if "level='op'" not in d] + [_module_level_advice(ctx, r, or_born_in)]
     return NanOrigin(
-        found=True, cause=CAUSE_RECORD, record=r.name, op=r.op, module=r.module, source=r.source,
-        op_index=r.order, inputs=tuple(TensorSummary(i.name, i.shape, i.dtype, i.stats) for i in ins),
+        found=True, cause=CAUSE_RECORD, record=r.name, op=r.op, module=r.module,
+        module_type=ctx.type_of(r) or None, source=r.source, op_index=r.order,
+        inputs=tuple(TensorSummary(i.name, i.shape, i.dtype, i.stats) for i in ins),
         output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=tuple(diagnosis),
-        ops_checked=len(records), note=_incomplete(b),
+        ops_checked=len(ctx.records), note=_incomplete(b), or_born_in=or_born_in,
     )
+
+
+def _parent_code(ctx: _Context, r: Record) -> str | None:
+    """For a module-level record one of whose inputs no record made (capture's `inputs_unrecorded` tag): the
+    parent module whose own code made that input, and may have made the NaN with it."""
+    if TAG_INPUTS_UNRECORDED not in r.tags or not r.module:
+        return None
+    return ctx.place(_parent_of(r.module))
+
+
+def _module_level_advice(ctx: _Context, r: Record, or_born_in: str | None) -> str:
+    """What a module-level record can and cannot say, and the capture that says more."""
+    place = ctx.place(r.module)
+    if or_born_in:
+        return (f"{place} read an input that no record holds (made by the code of {or_born_in} itself, which "
+                f"module level does not record): the NaN was born inside {place}, or in that code before the "
+                f"call. Capture with --level op to see the op (or --record-inputs to tell the two apart).")
+    return (f"A module-level record: its inputs were finite, so the NaN was born inside {place}, but the op "
+            f"is not recorded. Capture with --level op (and --keep full) to see the op and how its input was "
+            f"computed.")
 
 
 def _incomplete(b: Bundle) -> str | None:

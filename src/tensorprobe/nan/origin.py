@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..record import dtype_name, module_label
+from ..record import dtype_name, module_place
 from ..stats import TensorStats, compute_stats
 
 CAUSE_OP = "op"
@@ -14,6 +14,9 @@ CAUSE_PARAMETER = "parameter"
 CAUSE_UNTRACKED = "untracked_input"
 CAUSE_RECORD = "record"
 CAUSE_UNRECORDED = "unrecorded_value"   # born in a value the bundle does not hold (a kernel not tapped)
+# The module path the backward search names the loss function's ops under (`loss/log.0`); the model's own
+# root module is "" and is never "the loss".
+LOSS_MODULE = "loss"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class NanOrigin:
     elements: str | None = None        # where the non-finite values are: batch rows, channels, frames
     reaches: tuple[str, ...] = ()      # parameters whose gradient ends non-finite
     masked: bool = False               # the incoming gradient was 0 there: a value selected away downstream
+    # A module-level record whose input no record made: the NaN may have been born in this module's parent's
+    # own code before the call (`<root> (Model)`); None when the bundle shows it was born in the module.
+    or_born_in: str | None = None
 
     def headline(self) -> str:
         if not self.found and self.incomplete:
@@ -81,7 +87,11 @@ class NanOrigin:
         if not self.found:
             return f"No NaN or Inf: all {self.ops_checked} op outputs are finite."
         if self.direction == "backward":
-            where = module_label(self.module) if self.module else "the loss"
+            named = self.module_type not in (None, "", LOSS_MODULE, "<lambda>")   # the loss function's own name
+            where = (f"the loss ({self.module_type})" if self.module == LOSS_MODULE and named
+                     else "the loss" if self.module == LOSS_MODULE
+                     else module_place(self.module, self.module_type) if self.module is not None
+                     else "an op no watched forward made")
             lands = (f"reaches {len(self.reaches)} parameter gradients" if self.reaches
                      else "masked before any parameter")
             return (f"NaN/Inf gradient born in the backward pass at {self.backward_op}, the gradient of {self.op} "
@@ -90,11 +100,18 @@ class NanOrigin:
             return f"The model inputs are already non-finite ({self.record}): nothing inside the model is to blame."
         if self.cause == CAUSE_PARAMETER:
             return f"Parameter {self.record} is non-finite: the weights were broken before the forward ran."
-        where = module_label(self.module or "")
+        where = module_place(self.module or "", self.module_type)
         pattern = self.output.stats.channel_pattern() if self.output else None
         tail = f" — {pattern}" if pattern else ""
+        if self.cause == CAUSE_UNRECORDED and self.op is None:
+            return f"NaN/Inf born in {where}'s own code, before it called {self.record.split(':')[0]}{tail}"
         if self.cause == CAUSE_UNRECORDED:
             return f"NaN/Inf born inside {where} (its kernel's output is not in the bundle; its module output holds it){tail}"
+        if self.op and self.op.startswith("module:") and self.or_born_in:
+            return (f"NaN/Inf first seen in the output of {where}: born inside it, or in the code of "
+                    f"{self.or_born_in} that made its input{tail}")
+        if self.op and self.op.startswith("module:"):
+            return f"NaN/Inf born in {where}, first seen in its module output (its ops are not recorded){tail}"
         return f"NaN/Inf born at {self.op} in {where}{tail}"
 
     def summary(self) -> str:
@@ -115,5 +132,5 @@ class NanOrigin:
             "spread": [s.to_dict() for s in self.spread], "ops_checked": self.ops_checked,
             "headline": self.headline(), "note": self.note, "incomplete": self.incomplete,
             "direction": self.direction, "backward_op": self.backward_op, "elements": self.elements,
-            "reaches": list(self.reaches), "masked": self.masked,
+            "reaches": list(self.reaches), "masked": self.masked, "or_born_in": self.or_born_in,
         }

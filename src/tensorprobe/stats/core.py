@@ -56,7 +56,7 @@ class TensorStats:
                 f"(channel{'s' if self.nonfinite_channels > 1 else ''} {idx}{more})"
             )
         if self.partial_nonfinite_channels:
-            parts.append(f"{self.partial_nonfinite_channels} of {self.channels} partly non-finite")
+            parts.append(f"{self.partial_nonfinite_channels} of {self.channels} channels partly non-finite")
         return "; ".join(parts) if parts else None
 
     def to_dict(self) -> dict[str, Any]:
