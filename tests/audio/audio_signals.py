@@ -96,6 +96,11 @@ def as_stored(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.clip(np.round(x * scale), np.iinfo(dtype).min, np.iinfo(dtype).max).astype(dtype)
 
 
+def statuses(report) -> dict[str, str]:
+    """check name -> status of an `AudioReport`: what a gain change must keep."""
+    return {v.check: v.status for v in report.verdicts}
+
+
 def healthy_signal(seed: int, kind: str | None = None, level_dbfs: float | None = None) -> Healthy:
     """A healthy signal drawn from `seed`: kind, sample rate, length (0.1–2 s), level (-50–0 dBFS peak),
     storage type, mono or stereo, and TTS-style digital-zero padding at either end."""

@@ -84,8 +84,13 @@ def test_full_scale_sine_is_not_clipping():
 def test_dc_offset():
     r = check(sine(amp=0.3) + 0.25, SR)
     assert fired(r) == {"dc_offset": "warning"}
-    assert r.verdict("dc_offset").figure == pytest.approx(0.25, abs=1e-3)
+    v = r.verdict("dc_offset")
+    assert v.details["mean"] == pytest.approx(0.25, abs=1e-3)
+    assert v.figure == pytest.approx(0.25 / 0.55, abs=1e-3)   # a share of the channel's peak
     assert r.status == "warning" and r.ok  # a warning does not fail the check
+    quiet = check((sine(amp=0.3) + 0.25) * 1e-2, SR)   # the same offset 40 dB down is the same offset
+    assert fired(quiet) == {"dc_offset": "warning"}
+    assert check(sine(amp=0.3) + 0.01, SR).verdict("dc_offset").status == "ok"   # 3% of the peak
 
 
 def test_stuck_value_is_near_constant():

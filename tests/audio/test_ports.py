@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from .audio_signals import as_stored, at_level, statuses
 from tensorprobe.audio import check
 
 pytestmark = pytest.mark.slow
@@ -42,24 +43,18 @@ def port_outputs(tmp_path_factory):
 
 
 def stored(x, level_dbfs, dtype):
-    y = x * (10 ** (level_dbfs / 20) / np.abs(x).max())
-    if dtype == "int16":
-        return np.clip(np.round(y * 32768), -32768, 32767).astype(np.int16)
-    return y.astype(dtype)
-
-
-def statuses(r):
-    return {v.check: v.status for v in r.verdicts}
+    return as_stored(at_level(x, level_dbfs), dtype)
 
 
 @pytest.mark.parametrize("port", ["onnxruntime fp32", "onnxruntime fp16"])
 @pytest.mark.parametrize("dtype", ["float32", "int16"])
 def test_a_ports_output_keeps_its_verdicts_at_every_level(port_outputs, port, dtype):
     """(Random weights and a silenced source make this decoder's output noise-like: flatness ~0.68, an error
-    that stays an error at every level, as it must.)"""
+    that stays an error at every level, as it must; its noise source is drawn anew each run, and some draws
+    leave a mean of ~5% of the peak: a dc_offset warning, at every level too.)"""
     x = port_outputs[port]
     reference = check(stored(x, -20, dtype), SR)
-    assert {v.check for v in reference.verdicts if v.fired} <= {"noise_like"}, reference.summary()
+    assert {v.check for v in reference.verdicts if v.fired} <= {"noise_like", "dc_offset"}, reference.summary()
     for level in LEVELS:
         r = check(stored(x, level, dtype), SR)
         assert statuses(r) == statuses(reference), (level, r.summary())

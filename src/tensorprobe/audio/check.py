@@ -27,14 +27,14 @@ Checks, in report order (figure → verdict):
                                           variation alone is below silence_peak_dbfs while the signal is not silent
     stuck         seconds                 error when a value is held for stuck_min_s or longer (at least
                                           stuck_level_db from the channel's peak: pauses at zero and clipping excluded)
-    dc_offset     |mean| (worst channel)  warning above dc_offset
+    dc_offset     |mean| / peak (worst ch) warning above dc_offset (a share of the channel's own peak)
     clipping      share of clipped samples warning / error above clip_share_warning / clip_share_error
     noise_like    spectral flatness       error above noise_flatness (long-term spectrum flat like white noise)
 
 Figures are computed on the finite samples; dBFS is relative to full scale 1.0 (integer PCM is scaled by
-its type's maximum first) and floored at -240 dBFS, which means digital zero. Only `silence`, `scale`,
-`clipping` and `dc_offset` look at absolute levels; the rules for a stuck or near-constant signal compare a
-channel with its own level, so the same audio played 40 dB quieter gets the same verdicts (and a `quiet` note).
+its type's maximum first) and floored at -240 dBFS, which means digital zero. Only `silence`, `scale` and
+`clipping` look at absolute levels; the rules for a stuck, near-constant or offset signal compare a channel
+with its own level, so the same audio played 40 dB quieter gets the same verdicts (and a `quiet` note).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Thresholds:
     near_constant_db: float = -60.0    # error: a channel's std this far below its RMS (a stuck value or DC, any level)
     stuck_min_s: float = 0.01          # error: a value held this long (seconds) ...
     stuck_level_db: float = -20.0      # ... at a level of at least this, in dB of the channel's peak
-    dc_offset: float = 0.05            # warning: |mean| of a channel above this (fraction of full scale)
+    dc_offset: float = 0.05            # warning: |mean| of a channel above this share of its peak
     clip_level: float = 0.99           # a sample at or above this fraction of full scale may be clipped
     clip_min_run: float = 3            # ... and is counted when it sits in a flat run at least this long
     clip_share_warning: float = 0.001  # warning: share of clipped samples above this
@@ -405,10 +405,16 @@ class _ChannelLevel:
     """One channel's level and variation, measured on samples divided by their peak (no overflow at 1e300)."""
 
     channel: int
+    peak: float
     mean: float
     std: float
     rms: float
     ac_peak: float   # largest |x - mean|: the level of the channel's variation
+
+    @property
+    def dc_share(self) -> float:
+        """|mean| as a share of the peak: 0 for audio centred on zero, 1 for a constant."""
+        return abs(self.mean) / self.peak if self.peak > 0 else 0.0
 
     @property
     def variation_db(self) -> float:
@@ -423,12 +429,12 @@ def _channel_levels(s: _Signal) -> list[_ChannelLevel]:
             continue
         peak = float(np.abs(v).max())
         if peak == 0:
-            out.append(_ChannelLevel(c, 0.0, 0.0, peak, 0.0))
+            out.append(_ChannelLevel(c, 0.0, 0.0, 0.0, 0.0, 0.0))
             continue
         u = v / peak
         mean = float(np.mean(u))
-        out.append(_ChannelLevel(c, mean * peak, float(np.std(u)) * peak, float(np.sqrt(np.mean(u * u))) * peak,
-                                 float(np.abs(u - mean).max()) * peak))
+        out.append(_ChannelLevel(c, peak, mean * peak, float(np.std(u)) * peak,
+                                 float(np.sqrt(np.mean(u * u))) * peak, float(np.abs(u - mean).max()) * peak))
     return out
 
 
@@ -511,15 +517,18 @@ def check_stuck(s: _Signal, t: Thresholds) -> Verdict:
 
 
 def check_dc_offset(s: _Signal, t: Thresholds) -> Verdict:
-    means = [float(np.mean(v)) if v.size else 0.0 for v in s.channel_values()]
-    worst = int(np.argmax(np.abs(means)))
-    offset = abs(means[worst])
-    if offset > t.dc_offset:
-        return _verdict("dc_offset", WARNING, offset, "|mean|", t.dc_offset, WARNING,
-                        f"DC offset: channel {worst} has mean {means[worst]:+.4g} (|mean| > {t.dc_offset:g})",
-                        channel=worst, mean=means[worst])
-    return _verdict("dc_offset", None, offset, "|mean|", t.dc_offset, WARNING, f"|mean| {offset:.3g}",
-                    channel=worst, mean=means[worst])
+    ch = max(_channel_levels(s), key=lambda c: c.dc_share)
+    share = ch.dc_share
+    details = {"channel": ch.channel, "mean": ch.mean}
+    if is_silent(s, t):
+        return _verdict("dc_offset", None, share, "|mean|/peak", t.dc_offset, WARNING,
+                        "silent (reported by the silence check)", **details)
+    if share > t.dc_offset:
+        return _verdict("dc_offset", WARNING, share, "|mean|/peak", t.dc_offset, WARNING,
+                        f"DC offset: channel {ch.channel} has mean {ch.mean:+.4g}, {share:.1%} of its peak "
+                        f"(> {t.dc_offset:.0%})", **details)
+    return _verdict("dc_offset", None, share, "|mean|/peak", t.dc_offset, WARNING,
+                    f"|mean| {abs(ch.mean):.3g}, {share:.2%} of the peak", **details)
 
 
 def _clipped_runs(v: np.ndarray, level: float, min_run: int) -> tuple[int, int, int]:
@@ -604,7 +613,7 @@ _SIGNAL_CHECKS = (check_scale, check_silence, check_near_constant, check_stuck, 
                   check_noise_like)
 _SEVERITY = {"scale": ERROR, "silence": ERROR, "near_constant": ERROR, "stuck": ERROR, "dc_offset": WARNING,
              "clipping": ERROR, "noise_like": ERROR}
-_UNITS = {"scale": "peak", "silence": "dBFS", "near_constant": "dB", "stuck": "s", "dc_offset": "|mean|",
+_UNITS = {"scale": "peak", "silence": "dBFS", "near_constant": "dB", "stuck": "s", "dc_offset": "|mean|/peak",
           "clipping": "share", "noise_like": "flatness"}
 
 
