@@ -123,6 +123,30 @@ def test_corrupt_npz(tmp_path):
         Bundle.open(tmp_path / "bad.npz")
 
 
+def test_npz_text_and_object_arrays(tmp_path):
+    from tensorprobe.bundle.reader import load_arrays
+
+    np.savez(tmp_path / "text.npz", words=np.array(["monday", "tuesday"]), raw=np.array([b"a", b"bc"]),
+             n=np.arange(3))
+    feeds = load_arrays(tmp_path / "text.npz")                       # a model's inputs: text included, in order
+    assert list(feeds) == ["words", "raw", "n"] and feeds["words"].tolist() == ["monday", "tuesday"]
+    with pytest.raises(BundleError, match="array 'words' holds text .*a bundle's records are numbers"):
+        Bundle.open(tmp_path / "text.npz")                          # a bundle's records are numbers
+    np.savez(tmp_path / "obj.npz", words=np.array(["monday", None], dtype=object))   # stored pickled
+    for read in (load_arrays, Bundle.open):
+        with pytest.raises(BundleError, match="array 'words' holds Python objects.*never unpickles"):
+            read(tmp_path / "obj.npz")
+
+
+def test_0d_tensors_describe_and_hash(tmp_path):
+    from tensorprobe.bundle.writer import describe_inputs, tensor_sha256
+
+    assert tensor_sha256(torch.tensor(2.0)) == tensor_sha256(torch.tensor([2.0])) == tensor_sha256(np.float32(2.0))
+    described = describe_inputs({"t": torch.tensor(2.0), "words": np.array(["a", "b"])})
+    assert described[0]["shape"] == [] and described[1]["dtype"] == "str"
+    assert described[1]["sha256"] != tensor_sha256(np.array(["a", "c"]))
+
+
 def test_writer_refuses_non_bundle_directory(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "thesis.tex").write_text("precious")

@@ -136,6 +136,33 @@ def test_zero_element_int_and_angle_records():
     assert "angle" in b["<root>/atan2.0"].tags
 
 
+class _Scalars(torch.nn.Module):
+    """A learned 0-d gain, a 0-d model input, 0-d op outputs and a 0-d model output."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x, temperature):
+        energy = (x * x).sum()                      # 0-d
+        return energy * self.gain / temperature, x.mean(-1)
+
+
+@pytest.mark.parametrize("level", ["module", "op"])
+def test_0d_tensors_keep_their_shape(tmp_path, level):
+    x, temperature = torch.randn(3, 4), torch.tensor(2.0)
+    b = tp.capture(_Scalars(), x, temperature, level=level, keep="full", out=tmp_path / level)
+    zero_d = {r.name for r in b if r.shape == ()}
+    expected = {"gain", "input.1", "output.0"} | ({"<root>/sum.0", "<root>/mul.1", "<root>/div.0"} if level == "op"
+                                                 else {"<root>:0"})
+    assert zero_d == expected, zero_d
+    assert all(b.numpy(n).shape == () for n in zero_d)
+    assert b.numpy("output.0") == pytest.approx(float((x * x).sum() * 0.5 / 2.0))
+    assert b.manifest["inputs"][1]["shape"] == [] and b["output.1"].shape == (3,)
+    # a 0-d value is not a one-element vector: a bundle that says (1,) for it no longer pairs by shape
+    assert tp.diff(b, b).passed
+
+
 def test_bad_options():
     with pytest.raises(InputError, match="unknown capture level"):
         tp.capture(Looped(), torch.randn(1, 4), level="layer")

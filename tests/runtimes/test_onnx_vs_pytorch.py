@@ -53,9 +53,10 @@ def test_the_port_matches_the_shipped_onnx_record_for_record(onnx_ref, tmp_path,
                   rules=silero.RULES)
     assert report.passed, report.summary
     assert set(MAPPED) <= {p.name for p in report.pairs}        # each rule landed on its record
-    # the ONNX capture leaves out one-element initializers (scalars, scales), and final_conv.bias is one
-    assert not report.cand_only and list(report.weights_cand_only) == ["final_conv.bias"]
-    assert len(report.weights) == 14 and not any(w.failed for w in report.weights)
+    # every weight has its counterpart, the mono output conv's one-element bias included
+    assert not report.cand_only and not report.weights_cand_only and not report.weights_ref_only
+    assert len(report.weights) == 15 and not any(w.failed for w in report.weights)
+    assert report.pair("model.decoder.decoder.2.bias").passed
 
 
 def test_the_package_safetensors_are_other_weights_and_diff_says_where(onnx_ref, tmp_path):
@@ -68,7 +69,7 @@ def test_the_package_safetensors_are_other_weights_and_diff_says_where(onnx_ref,
     assert report.pair("model.stft/Conv.0").passed
     differing = {w.name for w in report.weights if w.failed}
     assert "model.stft.forward_basis_buffer" not in differing
-    assert "model.encoder.0.reparam_conv.weight" in differing and len(differing) == 13
+    assert "model.encoder.0.reparam_conv.weight" in differing and len(differing) == 14   # all but the basis
 
 
 def test_a_weight_conversion_bug_in_the_lstm_is_named_at_the_lstm(onnx_ref, tmp_path):
@@ -87,6 +88,28 @@ def test_a_weight_conversion_bug_in_the_lstm_is_named_at_the_lstm(onnx_ref, tmp_
     assert differing == {"model.decoder.rnn.weight_ih", "model.decoder.rnn.weight_hh", "model.decoder.rnn.bias_ih",
                          "model.decoder.rnn.bias_hh"}
     assert report.pair(report.first_divergence).cause == "weights"
+
+
+@pytest.mark.parametrize("convert,wrong", [
+    (lambda b: b.double().float(), False),           # through float64 and back, as a JSON converter does: exact
+    (lambda b: b + 0.05, True),                      # shifted
+    (lambda b: torch.zeros_like(b), True),           # dropped: a converter that ignores conv biases
+])
+def test_a_wrong_one_element_bias_of_the_mono_output_conv_is_named(onnx_ref, tmp_path, convert, wrong):
+    # final_conv (128 -> 1 channel) has a bias of one element: a converter that drops or shifts it must be
+    # named as the weight, not as "own" error of the layer.
+    state = silero.weights_from_onnx()
+    state["final_conv.bias"] = convert(state["final_conv.bias"])
+    report = diff(onnx_ref[0], _port_capture(state, 0, tmp_path / "bias"), rules=silero.RULES)
+    bias = report.pair("model.decoder.decoder.2.bias")
+    assert bias.cand_name == "final_conv.bias" and bias.shape == (1,) and not report.weights_cand_only
+    assert bias.failed == wrong and report.passed == (not wrong), report.summary
+    if wrong:
+        assert {w.name for w in report.weights if w.failed} == {"model.decoder.decoder.2.bias"}
+        assert report.first_divergence == "model.decoder.decoder.2"
+        assert report.pair("model.decoder.decoder.2").cause == "weights"
+        for name in MAPPED[:7]:                                  # everything before the output conv matches
+            assert report.pair(name).passed, name
 
 
 def test_every_rule_maps_a_port_record_onto_a_record_of_the_onnx_capture(onnx_ref, tmp_path):

@@ -280,6 +280,57 @@ def test_missing_runtime_names_the_extra():
         Missing().capture(torch.nn.Identity(), (torch.ones(1),), out="unused")
 
 
+class _ScalarWeights(torch.nn.Module):
+    """A mono output conv (bias of one element), a learned 0-d gain, a 0-d buffer, and constants the exporter
+    folds into one-element initializers of its own (3.0, 0.1, the length)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 1, 3, padding=1)
+        self.gain = torch.nn.Parameter(torch.tensor(0.5))
+        self.register_buffer("eps", torch.tensor(1e-5))
+
+    def forward(self, x):
+        y = self.conv(x) * self.gain * 3.0 + 0.1
+        return torch.log(y.abs() + self.eps) / x.shape[-1]
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_weights_of_one_element_are_recorded_and_folded_constants_are_not(tmp_path, exporter):
+    torch.manual_seed(0)
+    model, x = _ScalarWeights().eval(), torch.randn(1, 4, 50)
+    ort = get_runtime("onnxruntime")
+    b = ort.capture(model, (x,), out=tmp_path / "b", exporter=exporter)
+    weights = {r.name: r for r in b if r.kind == "param"}
+    assert set(weights) == {"conv.weight", "conv.bias", "gain", "eps"}         # the state dict, nothing else
+    assert weights["conv.bias"].shape == (1,) and weights["gain"].shape == () and weights["eps"].shape == ()
+    # paired with the PyTorch capture's weights by name, and compared
+    ref = capture(model, x, keep="full", out=tmp_path / "ref")
+    report = diff(ref, b)
+    assert {w.name for w in report.weights} == {"conv.weight", "conv.bias", "gain", "eps"}
+    assert not report.weights_ref_only and not report.weights_cand_only and not report.weights_differ
+    # a file opened on its own, no model to ask: the dynamo file's graph signature lists its weights; the
+    # TorchScript exporter keeps its constants in Constant nodes, and names what it folds `onnx::...`
+    path = export_onnx(model, (x,), tmp_path / "m.onnx", exporter=exporter)
+    alone = {r.name for r in ort.capture_artifact(path, (x,), out=tmp_path / "a") if r.kind == "param"}
+    assert alone == {"conv.weight", "conv.bias", "gain", "eps"}
+
+
+def test_a_wrong_one_element_bias_is_named_by_compare(tmp_path):
+    torch.manual_seed(0)
+    model, x = _ScalarWeights().eval(), torch.randn(1, 4, 50)
+    path = export_onnx(model, (x,), tmp_path / "m.onnx")
+    m = onnx.load(str(path))
+    init = next(i for i in m.graph.initializer if i.name == "conv.bias")
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) + np.float32(0.3), init.name))
+    onnx.save(m, str(tmp_path / "wrong.onnx"))
+    res = compare(model, (x,), "onnxruntime", artifact=tmp_path / "wrong.onnx", out=tmp_path / "cmp")
+    assert [w.name for w in res.diff.weights_differ] == ["conv.bias"]
+    assert res.diff.first_divergence == "conv" and res.diff.pair("conv").cause == "weights", res.summary
+    res = compare(model, (x,), "onnxruntime", artifact=path, out=tmp_path / "ok")     # the file as exported
+    assert not res.diff.weights_differ and not res.diff.weights_ref_only
+
+
 # ---- the Kokoro decoder --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def kokoro_onnx(kokoro, tmp_path_factory):
@@ -324,6 +375,23 @@ def test_scaled_initializer_first_divergence(kokoro_onnx):
     assert res.finding and not res.cand_nan_escapes
     assert res.compared >= 250
     assert "decode.1.conv1" in res.summary
+
+
+@pytest.mark.slow
+def test_kokoro_one_element_biases_are_weights_and_a_wrong_one_is_named(kokoro_onnx):
+    model, inputs, path, ref, root = kokoro_onnx
+    ort = get_runtime("onnxruntime")
+    b = ort.capture_artifact(path, inputs, out=root / "weights")
+    one = {r.name for r in b if r.kind == "param" and int(np.prod(r.shape)) == 1}
+    # F0_conv and N_conv map 1 channel to 1; the harmonic source's linear layer has one output
+    assert one == {"F0_conv.bias", "N_conv.bias", "generator.m_source.l_linear.bias"}
+    m = onnx.load(str(path))
+    init = next(i for i in m.graph.initializer if i.name == "F0_conv.bias")
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) + np.float32(0.5), init.name))
+    onnx.save(m, str(root / "wrong_f0_bias.onnx"))
+    res = compare(model, inputs, "onnxruntime", artifact=root / "wrong_f0_bias.onnx", out=root / "cmp_f0")
+    assert [w.name for w in res.diff.weights_differ] == ["F0_conv.bias"], res.summary
+    assert res.diff.first_divergence == "F0_conv" and res.diff.pair("F0_conv").cause == "weights", res.summary
 
 
 @pytest.mark.slow

@@ -345,10 +345,57 @@ def _open_safetensors_file(path: Path) -> Bundle:
 
 
 def _open_npz(path: Path) -> Bundle:
+    npz = _open_npz_file(path)
+    arrays = ((k, _npz_array(path, npz, k)) for k in npz.files)
     try:
-        npz = np.load(path, allow_pickle=False)
-        names = list(npz.files)
-        records = _records_from_arrays(((k, a, a.dtype.name) for k, a in ((k, npz[k]) for k in names)), path.name)
+        records = _records_from_arrays(((k, _numeric(path, k, a), a.dtype.name) for k, a in arrays), path.name)
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
     return Bundle(path, _plain_manifest(path, "npz file"), records, _DictSource(lambda name: npz[name]))
+
+
+def _open_npz_file(path: Path) -> Any:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
+
+
+def _npz_array(path: Path, npz: Any, name: str) -> np.ndarray:
+    """One array of an .npz, never unpickled: an object array is refused with what to save instead."""
+    try:
+        return npz[name]
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            raise BundleError(f"{path}: array {name!r} holds Python objects, which load only by unpickling, and "
+                              "tensorprobe never unpickles; save text as fixed-width strings "
+                              "(np.savez(path, x=np.array(texts, dtype=str)))") from None
+        raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt or truncated .npz file ({e})") from None
+
+
+def _numeric(path: Path, name: str, a: np.ndarray) -> np.ndarray:
+    if a.dtype.kind in "USV":
+        raise BundleError(f"{path}: array {name!r} holds text ({a.dtype}): a bundle's records are numbers (text "
+                          "arrays are taken as a model's inputs: capture model.onnx --inputs)")
+    return a
+
+
+def load_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Named arrays of an `.npz` (never unpickled; fixed-width text arrays, dtype `<U`/`S`, included, for
+    models that take strings) or a `.safetensors` file, in the file's order: a model's inputs.
+
+    Example:
+        >>> feeds = load_arrays("inputs.npz")       # doctest: +SKIP
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise BundleError(f"{p}: no such inputs file")
+    if p.suffix == ".npz":
+        npz = _open_npz_file(p)
+        return {k: _npz_array(p, npz, k) for k in npz.files}
+    if p.suffix == ".safetensors":
+        b = _open_safetensors_file(p)
+        return {r.name: b.numpy(r.name) for r in b}
+    raise BundleError(f"{p}: inputs are read from a .npz or .safetensors file of named arrays")

@@ -29,12 +29,14 @@ _JOURNAL_BATCH = 256  # records journaled together (a crash loses at most the re
 
 
 def tensor_sha256(t: torch.Tensor | np.ndarray) -> str:
-    arr = t.detach().cpu().contiguous() if isinstance(t, torch.Tensor) else np.ascontiguousarray(t)
-    if isinstance(arr, torch.Tensor):
-        arr = arr.view(torch.uint8) if arr.numel() else arr
-        data = arr.numpy().tobytes()
+    """SHA-256 of a tensor's bytes (of its text, for a string array: its bytes would be object pointers)."""
+    if isinstance(t, torch.Tensor):
+        arr = t.detach().cpu().contiguous().reshape(-1)   # 1-d: a 0-d tensor can't be viewed as bytes
+        data = (arr.view(torch.uint8) if arr.numel() else arr).numpy().tobytes()
+    elif np.asarray(t).dtype.kind in "OUS":
+        data = "\x00".join(map(str, np.asarray(t).ravel())).encode()
     else:
-        data = arr.tobytes()
+        data = np.ascontiguousarray(t).tobytes()
     return hashlib.sha256(data).hexdigest()
 
 
@@ -47,7 +49,8 @@ def describe_inputs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for name, t in inputs.items():
         if isinstance(t, (torch.Tensor, np.ndarray)):
-            out.append({"name": name, "shape": list(t.shape), "dtype": dtype_name(t.dtype),
+            text = isinstance(t, np.ndarray) and t.dtype.kind in "OUS"
+            out.append({"name": name, "shape": list(t.shape), "dtype": "str" if text else dtype_name(t.dtype),
                         "sha256": tensor_sha256(t)})
         else:
             out.append({"name": name, "value": repr(t)[:200]})

@@ -103,6 +103,21 @@ def run_app(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
+def load_input_arrays(path: Any) -> dict[str, Any]:
+    """`--inputs`: named arrays, in the file's order, from an `.npz` (fixed-width text arrays included, for
+    models that take strings; object arrays refused: never unpickled) or `.safetensors`, or a bundle
+    directory's records."""
+    from pathlib import Path
+
+    from ..bundle import Bundle
+    from ..bundle.reader import load_arrays
+
+    if Path(path).is_dir():
+        feeds = Bundle.open(path)
+        return {r.name: feeds.numpy(r.name) for r in feeds}
+    return load_arrays(path)
+
+
 def parse_options(pairs: list[str]) -> dict[str, object]:
     """`["kernels=true", "threads=2"]` -> `{"kernels": True, "threads": 2}` (bool, int, float, else text)."""
     options: dict[str, object] = {}

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
-from ._common import JsonOption, app, console, emit_json, parse_options, progress, with_options
+from ._common import JsonOption, app, console, emit_json, load_input_arrays, parse_options, progress, with_options
 
 if TYPE_CHECKING:
     from ..bundle import Bundle
@@ -95,14 +95,11 @@ def capture(
 
 def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Path], keep: str,
                       include: Optional[str], exclude: Optional[str], options: dict) -> Bundle:
-    from ..bundle import Bundle
-
     from ..runtimes import get_runtime
 
     if inputs is None:
         raise InputError(f"{target}: an artifact needs --inputs inputs.npz (arrays named as the graph's inputs)")
-    feeds = Bundle.open(inputs)
-    named = {r.name: feeds.numpy(r.name) for r in feeds}
+    named = load_input_arrays(inputs)
     adapter = get_runtime(runtime)
     return with_options(adapter.capture_artifact, runtime)(target, named, out, keep=keep, include=include,
                                                            exclude=exclude, **options)

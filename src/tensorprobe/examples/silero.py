@@ -56,7 +56,7 @@ conv2\.(weight|bias)=model.encoder.1.reparam_conv.\1
 conv3\.(weight|bias)=model.encoder.2.reparam_conv.\1
 conv4\.(weight|bias)=model.encoder.3.reparam_conv.\1
 lstm_cell\.(.*)=model.decoder.rnn.\1
-final_conv\.weight=model.decoder.decoder.2.weight
+final_conv\.(weight|bias)=model.decoder.decoder.2.\1
 """
 
 

@@ -41,6 +41,7 @@ from ..bundle import Bundle
 from ..bundle.writer import BundleWriter
 from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
+from ..hooks import module_types
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, Record, dtype_name
 from ..stats import compute_stats, tensor_digest
 
@@ -137,7 +138,8 @@ class RuntimeAdapter:
         with _Workdir(workdir) as wd:
             artifact = self._prepare(model, tuple(inputs), wd, **options)
             return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
-                                          exclude=exclude, model_info={"class": type(model).__name__})
+                                          exclude=exclude, model_info={"class": type(model).__name__,
+                                                                          "module_types": module_types(model)})
 
     def prepare(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor], workdir: str | os.PathLike,
                 **options: Any) -> Any:
@@ -229,6 +231,8 @@ class RuntimeAdapter:
                            t if keep == "full" else None, copy=rt.borrowed)
                 order += 1
             for name, value in named_inputs.items():
+                if isinstance(value, np.ndarray) and value.dtype.kind in "USO":   # text: described in the manifest
+                    continue
                 t = _to_torch(value)
                 writer.add(Record(name=f"input.{name}", module="", op="input", order=order, shape=tuple(t.shape),
                                   dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_MODEL_INPUT),
@@ -266,7 +270,7 @@ def _to_torch(value: Any) -> torch.Tensor:
     """A CPU tensor over `value`; copies only when NumPy can't lend its buffer (read-only or strided)."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
-    arr = np.ascontiguousarray(np.asarray(value))
+    arr = np.require(np.asarray(value), requirements="C")   # not ascontiguousarray: it makes a 0-d array 1-d
     if not arr.flags.writeable:
         arr = arr.copy()
     return torch.from_numpy(arr)

@@ -14,8 +14,8 @@ from ...errors import TargetError
 from ...record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse_name
 from ..base import RuntimeAdapter, RuntimeTensor, Selection
 from .export import export_onnx
-from .names import GraphNamer, MappingRules, ValuePlan, graph_weights, model_output_names
-from .session import (POOL_BYTES, SharedInitializers, _last_use, _one_line, _OutputPool, default_budget,
+from .names import GraphNamer, MappingRules, ValuePlan, exported_state_names, graph_weights, model_output_names
+from .session import (_STRING, POOL_BYTES, SharedInitializers, _last_use, _one_line, _OutputPool, default_budget,
                       estimate_bytes, graph_feeds, make_session, run_bound, segment_model, split_segments)
 
 
@@ -30,6 +30,7 @@ class OnnxArtifact:
     info: dict[str, Any] = field(default_factory=dict)
     max_bytes: int | None = None     # run options: given at export/load, used by every run of this artifact
     threads: int | None = None
+    state_names: frozenset[str] | None = None   # the state dict of the model it was exported from, where known
 
 
 class OnnxRuntimeAdapter(RuntimeAdapter):
@@ -60,7 +61,9 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
                  threads: int | None = None) -> OnnxArtifact:
         path = workdir / "model.onnx"
         export_onnx(model, inputs, path, exporter=exporter, opset=opset)
-        return self._load(path, rules=rules, exporter=exporter, max_bytes=max_bytes, threads=threads)
+        art = self._load(path, rules=rules, exporter=exporter, max_bytes=max_bytes, threads=threads)
+        art.state_names = frozenset(model.state_dict())   # which one-element initializers are weights
+        return art
 
     def import_error(self, model: torch.nn.Module, inputs: tuple) -> str | None:
         """Export `model` to ONNX and open an ONNX Runtime session on it (None: it opens), without running it."""
@@ -93,7 +96,8 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
             raise TargetError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
         if isinstance(rules, (str, os.PathLike)):
             rules = MappingRules.from_file(str(rules))
-        art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules, max_bytes=max_bytes, threads=threads)
+        art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules, max_bytes=max_bytes, threads=threads,
+                           state_names=exported_state_names(model))
         art.info = {"onnx_file": str(path), "exporter": exporter or "none (user file)",
                     "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
                     "producer": f"{model.producer_name} {model.producer_version}".strip(),
@@ -104,7 +108,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         return _OrtRun(artifact, selection, self.last_run).run(inputs)
 
     def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
-        for name, value, tags in graph_weights(artifact.model.graph):
+        for name, value, tags in graph_weights(artifact.model.graph, artifact.state_names):
             module = name.rsplit(".", 1)[0] if "." in name else ""
             yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
                                 tags=tags, kind=KIND_PARAM)
@@ -129,6 +133,7 @@ class _OrtRun:
         feeds = graph_feeds(artifact.model, inputs)
         model = self._exposable(artifact.model, feeds)
         sizes, shapes, types = estimate_bytes(model, feeds)
+        self._note_text_values(model, feeds, types)
         records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
         plans = [p for p in GraphNamer(model, artifact.rules, records, shapes, types).plan() if self.selection.wants(*p.names, p.value)]
         budget = artifact.max_bytes or default_budget()
@@ -146,6 +151,14 @@ class _OrtRun:
             self._note(f"{missing} of {len(plans)} values could not be exposed ({reason}); the model outputs "
                        f"come from the graph as given")
             yield from self._outputs_only(artifact.model, feeds, plans, emitted)
+
+    def _note_text_values(self, model: Any, feeds: dict[str, np.ndarray], types: dict[str, int]) -> None:
+        """Text inputs and values run, but a record holds numbers: say which are left out of the bundle."""
+        text = [n for n, a in feeds.items() if a.dtype == object]
+        text += [o for node in model.graph.node for o in node.output if types.get(o) == _STRING]
+        if text:
+            shown = ", ".join(text[:5]) + (f" and {len(text) - 5} more" if len(text) > 5 else "")
+            self._note(f"{len(text)} text value(s) ran but are not records (a record holds numbers): {shown}")
 
     def _exposable(self, model: Any, feeds: dict[str, np.ndarray]) -> Any:
         """The graph made ready for a capture (`inline.py`): nodes in topological order where the file
@@ -187,7 +200,7 @@ class _OrtRun:
         records = model_output_names(outputs)
         for name in outputs:
             record = records[name]
-            if record in emitted:
+            if record in emitted or not _numeric(values[name]):
                 continue
             p = by_value.get(name)
             yield RuntimeTensor(runtime_name=name, module="", op="output", name=record,
@@ -236,12 +249,17 @@ def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> It
     last = {p.value: i for i, p in enumerate(plans)}
     for i, p in enumerate(plans):
         arr = outs.get(p.value)
-        if arr is None or getattr(arr, "dtype", None) is None or arr.dtype == object:
+        if not _numeric(arr):
             continue
         yield from _tensors_for(p, arr)
         if drop and last[p.value] == i:
             del outs[p.value]   # drop our reference as soon as the record is written
         del arr
+
+
+def _numeric(arr: Any) -> bool:
+    """A value a record can hold: numbers (text values and sequences are left out: see the run's notes)."""
+    return arr is not None and getattr(arr, "dtype", None) is not None and arr.dtype.kind not in "OUS"
 
 
 def _tensors_for(p: ValuePlan, value: np.ndarray) -> Iterator[RuntimeTensor]:

@@ -510,11 +510,52 @@ def _weight_base(base: str) -> str:
     return base[: -len(_TRANSPOSED)] if base.endswith(_TRANSPOSED) else base
 
 
-def graph_weights(graph: Any) -> Iterator[tuple[str, Any, tuple[str, ...]]]:
-    """(record name, float array, tags) of every weight an ONNX graph holds: float initializers by name, and
-    quantized ones (onnxruntime.quantization's `W_quantized` + `W_scale` + `W_zero_point`, dynamic or QDQ)
-    dequantized to float32 as `W`, transposed back when the quantizer transposed them, tagged
-    `dequantized:int8` (or uint8, int32). Scales, zero points and scalars are left out."""
+# How exporters name the constants they fold into initializers (an eps, a 0.5, a length): `val_3`,
+# `scalar_tensor_default_2`, `_tensor_constant0` (torch.export), `onnx::Mul_23`, `/Constant_output_0`
+# (TorchScript), `const_fold_opt__12`, `model/dense/BiasAdd:0` (TensorFlow converters).
+_GENERATED_NAME = re.compile(r"(::|/|:)|^(_?val|scalar_tensor_default|_?tensor_constant|const(ant)?(_fold_opt)?)[_\d]*$",
+                             re.IGNORECASE)
+_QUANTIZER_SUFFIXES = ("_scale", "_zero_point")
+# torch.export's graph signature, which the dynamo exporter keeps in the graph's metadata: one line per input,
+# `p_conv_bias: PARAMETER target='conv.bias'`, `b_eps: BUFFER target='eps' persistent=True`.
+_SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
+_STATE_ENTRY = re.compile(r":\s*(?:PARAMETER|BUFFER)\s+target='([^']+)'")
+
+
+def exported_state_names(model: Any) -> frozenset[str] | None:
+    """The state-dict names a dynamo-exported file declares (its torch.export graph signature), or None for
+    a file without one (another exporter, a converter)."""
+    for prop in model.graph.metadata_props:
+        if prop.key == _SIGNATURE_KEY:
+            return frozenset(_STATE_ENTRY.findall(prop.value))
+    return None
+
+
+def is_weight(name: str, size: int, state_names: frozenset[str] | None = None) -> bool:
+    """Whether a float initializer of `size` elements is a weight to record. Any with more than one element;
+    one of a single element (a mono conv's bias, a learned gain) only when it is a weight by name: in the
+    state dict of the model it was exported from (`state_names`: the model's own, or the graph signature a
+    dynamo export keeps), or else not named as exporters name the constants they fold (`val_3`,
+    `scalar_tensor_default`, `onnx::Mul_23`).
+
+        >>> is_weight("decoder.2.bias", 1), is_weight("val_0", 1), is_weight("rsqrt", 1, frozenset({"gain"}))
+        (True, False, False)
+    """
+    if size > 1:
+        return True
+    if size == 0:
+        return False
+    if state_names is not None:
+        return name in state_names
+    return not _GENERATED_NAME.search(name) and not name.endswith(_QUANTIZER_SUFFIXES)
+
+
+def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iterator[tuple[str, Any, tuple[str, ...]]]:
+    """(record name, float array, tags) of every weight an ONNX graph holds: float initializers by name
+    (one-element ones only when they are weights by name: `is_weight`), and quantized ones
+    (onnxruntime.quantization's `W_quantized` + `W_scale` + `W_zero_point`, dynamic or QDQ) dequantized to
+    float32 as `W`, transposed back when the quantizer transposed them, tagged `dequantized:int8` (or uint8,
+    int32). Scales, zero points and the exporter's folded constants are left out."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -532,7 +573,7 @@ def graph_weights(graph: Any) -> Iterator[tuple[str, Any, tuple[str, ...]]]:
         m = _QUANTIZED.match(name)
         if m is None:
             arr = numpy_helper.to_array(init)
-            if arr.dtype.kind == "f" and arr.size > 1:
+            if arr.dtype.kind == "f" and is_weight(name, arr.size, state_names):
                 yield name, arr, ()
             continue
         base = m.group("base")

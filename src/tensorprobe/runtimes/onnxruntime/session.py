@@ -28,23 +28,19 @@ def save_model(proto: Any, path: Path) -> None:
 
 
 def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Named input arrays from an `.npz` (never unpickled) or `.safetensors` file.
+    """Named input arrays from an `.npz` (never unpickled; text arrays included) or `.safetensors` file
+    (`bundle.reader.load_arrays`; InputError when it can't be read).
 
     Example:
         >>> feeds = load_inputs("inputs.npz")       # doctest: +SKIP
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such inputs file")
+    from ...bundle.reader import load_arrays
+    from ...errors import BundleError
+
     try:
-        if p.suffix == ".safetensors":
-            import safetensors.numpy
-            return dict(safetensors.numpy.load_file(str(p)))
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except Exception as e:
-        raise InputError(f"{p}: can't read inputs ({type(e).__name__}: {e}); expected a .npz or .safetensors "
-                         "file of named arrays") from None
+        return load_arrays(path)
+    except BundleError as e:
+        raise InputError(str(e)) from None
 
 
 def graph_feeds(model: Any, inputs: Any) -> dict[str, np.ndarray]:
@@ -69,8 +65,10 @@ def graph_feeds(model: Any, inputs: Any) -> dict[str, np.ndarray]:
     feeds = {}
     for spec, v in zip(specs, values):
         arr = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)   # a torch tensor, or array-like
-        want = onnx.helper.tensor_dtype_to_np_dtype(spec.type.tensor_type.elem_type) \
-            if spec.type.tensor_type.elem_type else arr.dtype
+        elem = spec.type.tensor_type.elem_type
+        if elem == onnx.TensorProto.STRING or arr.dtype.kind in "USO":
+            arr = _string_feed(spec.name, arr, elem == onnx.TensorProto.STRING)
+        want = onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else arr.dtype
         if arr.dtype != want:
             if arr.dtype.kind != np.dtype(want).kind and not (arr.dtype.kind in "iu" and np.dtype(want).kind in "iu"):
                 raise InputError(f"input {spec.name!r}: got {arr.dtype}, the graph expects {np.dtype(want)}")
@@ -80,8 +78,20 @@ def graph_feeds(model: Any, inputs: Any) -> dict[str, np.ndarray]:
         if dims and (len(fixed) != arr.ndim or any(f is not None and f != n for f, n in zip(fixed, arr.shape))):
             raise InputError(f"input {spec.name!r}: got shape {list(arr.shape)}, the graph expects {_describe(spec)} "
                              "(export with inputs of this shape, or with dynamic axes)")
-        feeds[spec.name] = np.ascontiguousarray(arr)
+        feeds[spec.name] = np.require(arr, requirements="C")   # not ascontiguousarray: it makes 0-d arrays 1-d
     return feeds
+
+
+def _string_feed(name: str, arr: np.ndarray, wanted: bool) -> np.ndarray:
+    """A text input as ONNX Runtime takes it: an object array of `str`, from fixed-width text (`<U`, bytes
+    decoded as UTF-8). Text for a numeric input, or numbers for a text input, is refused by name."""
+    if not wanted:
+        raise InputError(f"input {name!r}: got text ({arr.dtype}), the graph expects numbers")
+    if arr.dtype.kind == "S":
+        arr = np.char.decode(arr, "utf-8")
+    if arr.dtype.kind not in "UO":
+        raise InputError(f"input {name!r}: got {arr.dtype}, the graph expects text (save it as np.array(..., dtype=str))")
+    return arr.astype(object)
 
 
 def _describe(spec: Any) -> str:
@@ -307,6 +317,7 @@ class _OutputPool:
                 for (name, (shape, dtype)), (start, n) in zip(specs.items(), spans.values())}
 
 
+_STRING = 8   # TensorProto.STRING
 _BINDABLE = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
              10: np.float16, 11: np.float64}  # TensorProto element types NumPy holds as they are
 
@@ -315,6 +326,9 @@ def run_bound(sess: Any, feeds: dict[str, np.ndarray], names: list[str], shapes:
               types: dict[str, int], pool: _OutputPool) -> dict[str, np.ndarray]:
     """Run `sess`, each output of inferred shape written straight into `pool` (the others allocated by
     ORT), and return every output by name."""
+    if any(a.dtype == object for a in feeds.values()) or any(types.get(v) == _STRING for v in names):
+        # ORT binds no text tensors: a segment that reads or makes text runs plainly (outputs allocated by ORT)
+        return dict(zip(names, sess.run(names, feeds)))
     specs = {v: (shapes[v], np.dtype(_BINDABLE[types[v]])) for v in names if v in shapes and types.get(v) in _BINDABLE}
     try:
         return _run_into(sess, feeds, names, pool.arrays(specs))
@@ -328,7 +342,7 @@ def _run_into(sess: Any, feeds: dict[str, np.ndarray], names: list[str], bufs: d
               ) -> dict[str, np.ndarray]:
     io = sess.io_binding()
     for name, arr in feeds.items():
-        io.bind_cpu_input(name, np.ascontiguousarray(arr))
+        io.bind_cpu_input(name, np.require(arr, requirements="C"))
     for v in names:
         if v in bufs:
             b = bufs[v]
