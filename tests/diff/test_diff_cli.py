@@ -86,3 +86,16 @@ def test_html_written(pair, tmp_path):
     assert code == 1 and out_html.exists()
     text = out_html.read_text()
     assert "dec.conv" in text and "DIVERGED" in text and "http" not in text.split("<body>")[1].lower()
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_reader_that_closes_early_leaves_the_exit_code_to_the_verdict(pair, json_out):
+    """`tensorprobe diff ref cand | head`: the reader is gone before anything is written. Before: exit 1 ("a
+    finding") on a match, from rich's broken-pipe handler; Python's own would print a traceback."""
+    for cand, expected in ((pair[0], 0), (pair[1], 1)):
+        p = subprocess.Popen([sys.executable, "-m", "tensorprobe", "diff", str(pair[0]), str(cand), "--all",
+                              *(["--json"] if json_out else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={"COLUMNS": "160", "PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONWARNINGS": "ignore"})
+        p.stdout.close()
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == expected and not err, err.decode()

@@ -164,9 +164,11 @@ def test_stats_only_bundles_compare_by_statistics_and_outputs_element_wise(tmp_p
     ref = tp.capture(m, f0, level="module", keep="stats", out=tmp_path / "ref")
     r = diff(ref, ref)
     inner = [p for p in r.pairs if p.kind == "output"]
-    assert inner and {p.method for p in inner} == {"statistics"} and all(p.status == "pass" for p in inner)
+    # statistics that show no difference prove none: those pairs are "not proven", never "pass"
+    assert inner and {p.method for p in inner} == {"statistics"} and all(p.status == "not_proven" for p in inner)
     assert r.get("output").method == "elementwise"  # the model's own output is stored whatever `keep` is
-    assert r.verdict == "match" and r.counts()["statistics"] == len(inner)
+    assert r.verdict == "match" and r.counts()["statistics"] == len(inner) == r.counts()["not_proven"]
+    assert "not proven" in r.summary
 
 
 def test_random_draw_is_not_ranked_as_amplifier(tmp_path):
@@ -235,8 +237,9 @@ def test_nan_made_by_a_one_pass_norm_is_the_first_divergence_and_what_follows_in
     r = diff(ref, cand)
     assert r.verdict == "diverged" and r.first_divergence == "norm1"
     first = r.get("norm1")
-    assert first.cause == "own" and "finite on one side only" in " ".join(first.reasons)   # its inputs match
+    assert first.cause == "own" and "non-finite on the candidate side: 24,576 elements" in " ".join(first.reasons)
+    assert first.metric("snr_db") == float("-inf") and "born here, on the candidate side" in first.explanation
     for later in ("conv1", "norm2", "post"):      # all NaN in the port: inherited from norm1, not errors of their own
         p = r.get(later)
         assert p.failed and p.cause == "inherited" and p.origin == "norm1", (later, p.cause, p.origin)
-    assert "first divergence at norm1" in r.summary and "its inputs are identical" in r.summary   # source matches
+    assert "first divergence at norm1" in r.summary and "its inputs are finite and agree" in r.summary

@@ -78,7 +78,8 @@ def test_vectorized_finite_path_matches_the_numpy_pass(monkeypatch, n):
         assert got[k] == v if v is None else got[k] == pytest.approx(v, rel=1e-10), k  # None: undefined for n=1
 
 
-def test_nonfinite_counted_and_excluded():
+def test_an_element_finite_on_one_side_only_is_total_error():
+    """The other eight elements agree exactly: metrics over them alone would say SNR inf, correlation 1."""
     r = np.arange(1, 11, dtype=np.float32)
     c = r.copy()
     c[2] = np.nan
@@ -87,7 +88,18 @@ def test_nonfinite_counted_and_excluded():
     assert s.nonfinite_mismatch == 2 and s.n_both == 8
     m = M.evaluate(s)
     assert m["cand_finite_frac"] == pytest.approx(0.8) and m["ref_finite_frac"] == 1.0
-    assert m["max_abs_err"] == 0.0 and m["snr_db"] == math.inf
+    assert m["nonfinite_cand_only"] == 2 and m["nonfinite_ref_only"] == 0
+    assert m["snr_db"] == -math.inf and m["rel_l2_err"] == math.inf and m["max_abs_err"] == math.inf
+    assert m["pearson"] is None and m["cosine"] is None
+    back = M.evaluate(M.accumulate(c, r, floor=1e-30))          # the other way round: the reference's side
+    assert back["nonfinite_ref_only"] == 2 and back["nonfinite_cand_only"] == 0 and back["snr_db"] == -math.inf
+
+
+def test_non_finite_on_both_sides_at_the_same_places_is_left_out():
+    r = np.arange(1, 11, dtype=np.float32)
+    r[3] = np.nan
+    m = M.compare(r, r.copy())
+    assert m["snr_db"] == math.inf and m["nonfinite_cand_only"] == 0 and m["nonfinite_ref_only"] == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32])

@@ -136,12 +136,16 @@ def test_wrong_norm_eps_is_an_error_of_its_own_at_the_norm(root, arch, norm):
 
 def test_vits_structured_output_is_compared_output_by_output(root):
     """VitsModel returns a ModelOutput (waveform, sequence_lengths, spectrogram): each is a model output, the
-    integer lengths compare exactly, and a 2% weight change moves the waveform."""
+    integer lengths compare exactly, and a 2% weight change moves the waveform, by 3.6e-6 only (this small
+    model's attention is nearly uniform): less than a float32 port's rounding could, so the output passes
+    while the weight is reported and the run diverges."""
     arch, make, *_ = BUGS["2% attention projection"]
     r = tp.diff(*ports.capture_pair(arch, root, make, level="module"))
     assert set(r.outputs) == {"output.waveform", "output.sequence_lengths", "output.spectrogram"}
     assert r.get("output.sequence_lengths").method == "exact" and r.get("output.sequence_lengths").passed
-    assert r.get("output.waveform").failed and r.output == "output.waveform"
+    wave = r.get("output.waveform")
+    assert wave.method == "elementwise" and 1e-7 < wave.rel_err < wave.floor and r.output == "output.waveform"
+    assert r.verdict == "diverged" and "The error recovers" in r.summary
 
 
 @pytest.mark.parametrize("arch", ["transformer", "convlstm", "vits"])

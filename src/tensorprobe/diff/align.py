@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import InputError
+from ..ops import canonical_op
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN, TAG_OPAQUE,
                       TAG_RANDOM_REPLACED, TAG_STANDS_FOR, WEIGHT_KINDS, Record, module_label, short_op)
 from .compat import kinds_agree
+from .explain import family
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
 MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "position"
@@ -310,11 +312,14 @@ def _pairing_class(rec: Record) -> tuple[bool | None, str | None]:
 
 
 def _same_op_or_unknown(r: Record, c: Record) -> bool:
-    """Two PyTorch op records pair by order only if they are the same op (aten names are comparable); a
-    runtime's op types (Conv, MatMul) say nothing against aten's, so they are not required to agree."""
+    """Two PyTorch op records pair by order only if they are the same op (aten names are comparable). A
+    runtime's op types (Conv, MatMul) name ops in other words, so they need only be of one family
+    (`explain.family`: matmul and addmm are both linear): an ONNX `Cast` never pairs with aten's `sigmoid`."""
     if r.op.startswith("aten.") and c.op.startswith("aten."):
         return short_op(r.op) == short_op(c.op)
-    return True
+    if r.op.startswith("module:") or c.op.startswith("module:") or canonical_op(r.op) == canonical_op(c.op):
+        return True
+    return family(r.op) == family(c.op)   # two unknown families ("other") may still be one op
 
 
 def _classes_agree(a: tuple, b: tuple) -> bool:

@@ -19,15 +19,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
-                      TAG_QUANTIZED, WEIGHT_KINDS, Record)
+                      TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
 from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
-                    LOCAL_UNITS, OWN_MARGIN)
-from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_SHAPE, Amplifier,
-                     CallSeries, Criteria, DiffReport, PairResult)
+                    LOCAL_UNITS, OWN_MARGIN, Noise, measured_floor, sensitivity)
+from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
+                     STATUS_PASS, STATUS_SHAPE, Amplifier, CallSeries, Criteria, DiffReport, PairResult)
 
 MAX_AMPLIFIERS = 10
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
@@ -40,8 +40,11 @@ _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairResult],
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
                  notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None,
-                 environment_notes: Sequence[str] = (), incomplete: Sequence[str] = ()) -> DiffReport:
-    """Assemble a `DiffReport` from the compared pairs (in reference execution order)."""
+                 environment_notes: Sequence[str] = (), incomplete: Sequence[str] = (),
+                 noise: Mapping[str, Noise] | None = None, reduced: str | None = None) -> DiffReport:
+    """Assemble a `DiffReport` from the compared pairs (in reference execution order). `noise`: the noise
+    model of each reference record (to lift a floor where a measurement backs it); `reduced`: why the
+    candidate is not a same-precision port, or None."""
     from .summary import summarize
 
     results = sorted(results, key=lambda p: p.order)
@@ -49,7 +52,10 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = [p for p in results if p.kind not in WEIGHT_KINDS]
     by_name = {r.name: r for r in ref_records}
     forward, graph_note = with_gains(forward, weights, ref_records)
-    forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results))
+    draws = UnpairedDraws(ref_bundle, cand_bundle, results)
+    forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
+                       noise=noise, reduced=reduced, draws=draws)
+    forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     notes = list(notes) + ([graph_note] if graph_note else [])
     failing = [p for p in forward if p.failed]
     output = model_output(forward)
@@ -70,6 +76,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                      "map names with --map PATTERN=REPLACEMENT or --rules FILE")
     w_ref_only, ref_only = _split_weights(ref_only, ref_bundle)
     w_cand_only, cand_only = _split_weights(cand_only, cand_bundle)
+    levels = level_mismatch(ref_bundle, cand_bundle, forward, ref_only, cand_only)
     report = DiffReport(ref=ref, cand=cand, criteria=criteria, pairs=tuple(forward), ref_only=tuple(ref_only),
                         cand_only=tuple(cand_only), first_divergence=first.name if first else None,
                         worst=worst.name if worst else None, amplifiers=tuple(amps),
@@ -78,8 +85,32 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                         weights_cand_only=tuple(w_cand_only), outputs=outputs,
                         first_difference=failing[0].name if failing and first is not failing[0] else None,
                         environment_notes=tuple(environment_notes), incomplete=tuple(incomplete),
-                        rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.failed))
+                        rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.failed),
+                        reduced_precision=reduced, levels=levels)
     return replace(report, summary=summarize(report))
+
+
+def level_mismatch(ref_bundle: Any, cand_bundle: Any, forward: Sequence[PairResult], ref_only: Sequence[str],
+                   cand_only: Sequence[str]) -> str | None:
+    """A sentence when the two bundles' records can't line up because they were captured at different levels
+    (module-level names never meet op-level ones), or when nothing but the model's inputs and outputs lines up."""
+    inner = [p for p in forward if p.kind not in (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)]
+    unmatched = f"{len(ref_only):,} reference-only, {len(cand_only):,} candidate-only records"
+    lr, lc = _capture_level(ref_bundle), _capture_level(cand_bundle)
+    if {lr, lc} == {"module", "op"}:
+        lined = "only the model's inputs and outputs line up" if not inner else \
+            f"only {len(inner):,} of their intermediate records line up"
+        return (f"The reference was captured at {lr} level and the candidate at {lc} level: {lined} ({unmatched}); "
+                "capture both at --level op to compare the intermediates.")
+    if not inner and ref_only and cand_only and forward:
+        return (f"Only the model's inputs and outputs line up ({unmatched}): map the candidate's names onto the "
+                "reference's with --map/--rules, or capture both the same way (--level), to compare the intermediates.")
+    return None
+
+
+def _capture_level(bundle: Any) -> str | None:
+    manifest = getattr(bundle, "manifest", None) or {}
+    return (manifest.get("capture") or {}).get("level")
 
 
 def _split_weights(names: list[str], bundle: Any) -> tuple[list[str], list[str]]:
@@ -103,6 +134,8 @@ def error_of(p: PairResult, passed_on: bool = False) -> float | None:
 
 def _passed_on_error(p: PairResult) -> float | None:
     e = error_of(p, passed_on=True)
+    if p.failed and p.kind in WEIGHT_KINDS and not e:
+        return math.inf   # a weight whose fingerprint differs while its statistics agree (a permutation): unbounded
     return math.inf if e is None and p.failed and nonfinite_differs(p) else e
 
 
@@ -250,23 +283,164 @@ def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[st
 
 
 def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: dict[str, Record],
-             noise_rule: bool = True, quantized: dict[str, str] | None = None) -> list[PairResult]:
+             noise_rule: bool = True, quantized: dict[str, str] | None = None, *,
+             noise: Mapping[str, Noise] | None = None, reduced: str | None = None,
+             draws: "UnpairedDraws | None" = None) -> list[PairResult]:
     """Give every failing pair its cause, origin and (for amplifiers) explanation (`noise` module docstring).
 
-    Under the noise rule a pair within its noise floor also fails when its error is its own: more than
-    `OWN_MARGIN` x what its inputs' error (times the gain its op may have) and its own rounding explain. The
-    floor of a deep record under a coarse arithmetic (TF32, float16) is loose; a bug is not. Normalisations
-    are left out of this test: their conditioning is per channel, which tensor statistics underestimate."""
+    Under the noise rule a pair that fails only its floor passes when a measurement backs a larger one
+    (`_measured`: its input, compared value by value, differs by enough that its op's cancellation explains
+    it). A pair within its noise floor also fails when its error is its own: more than `OWN_MARGIN` x what
+    its inputs' error (times the gain its op may have) and its own rounding explain. The floor of a deep record
+    under a coarse arithmetic (TF32, float16) is loose; a bug is not. Normalisations are left out of this
+    test: their conditioning is per channel, which tensor statistics underestimate. A failing pair computed
+    from a random draw the other side has no counterpart of (`UnpairedDraws`) has cause `random`."""
     done: dict[str, PairResult] = {w.name: w for w in weights}
     out = []
     for p in results:
         q_input = (quantized or {}).get(p.name)
+        if noise_rule and noise is not None and p.beyond_floor:
+            p = _measured(p, done, by_name, noise, reduced)
         if noise_rule and not p.failed and q_input is None and TAG_QUANTIZED not in p.tags:
             p = _own_within_floor(p, done, by_name)
         p = _classified(p, done, by_name, q_input)
+        if draws is not None and p.failed and p.cause in (CAUSE_OWN, CAUSE_AMPLIFIED) and p.kind != KIND_MODEL_INPUT:
+            p = draws.blame(p)
         done[p.name] = p
         out.append(p)
     return _promote_amplifiers(out, by_name)
+
+
+def _measured(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record],
+              noise: Mapping[str, Noise], reduced: str | None = None) -> PairResult:
+    """A pair that fails only its floor, capped at the rounding ceiling, passes when a measurement backs the
+    modelled one: its input was compared value by value and passes, and that input's error times its op's
+    cancellation (`noise.sensitivity`) explains its error (`noise.measured_floor`)."""
+    n, rec, src = noise.get(p.name), by_name.get(p.name), done.get(p.input_name or "")
+    e, e_in = error_of(p), p.input_rel_err
+    if n is None or rec is None or src is None or e is None or not e_in or not math.isfinite(e):
+        return p
+    if src.failed or src.method not in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST):
+        return p    # an input compared by statistics carries a lower bound, not a measurement
+    ins = [by_name[i] for i in rec.inputs if i in by_name]
+    k = max([1.0, *sensitivity(rec, ins, _output_index(p.name))])
+    floor = measured_floor(n, rec, k, e_in, src.name, reduced)
+    if e > floor.value:
+        return p
+    status = STATUS_NOT_PROVEN if p.method == METHOD_STATS else STATUS_PASS
+    return replace(p, status=status, reasons=(), floor=floor.value, floor_reason=floor.reason, beyond_floor=False)
+
+
+class UnpairedDraws:
+    """Random draws one side makes and the other has no counterpart of: a train-mode dropout in the reference
+    against its export (which drops it), noise a port adds. What is computed from one differs by that draw,
+    not by the port's arithmetic: such a draw is named as the cause of the first record it reaches."""
+
+    def __init__(self, ref_bundle: Any, cand_bundle: Any, results: Sequence[PairResult], limit: int = 10_000):
+        self.limit = limit
+        self.sides = []
+        for side, bundle, paired in (("reference", ref_bundle, {p.name for p in results}),
+                                     ("candidate", cand_bundle, {p.cand_name for p in results})):
+            recs = {r.name: r for r in (bundle.records if bundle is not None else ())}
+            draws = {n for n, r in recs.items() if r.kind == KIND_RNG and n not in paired}
+            if draws:
+                self.sides.append((side, recs, draws, paired))
+
+    def blame(self, p: PairResult) -> PairResult:
+        """`p` with cause `random` and the draw as its origin, when one of the sides' unpaired draws is among
+        what `p` was computed from; else `p` unchanged."""
+        for side, recs, draws, paired in self.sides:
+            draw = self._reached(recs, draws, paired, p.name if side == "reference" else p.cand_name)
+            if draw is not None:
+                d = recs[draw]
+                other = "candidate" if side == "reference" else "reference"
+                return replace(p, cause=CAUSE_RANDOM, origin=draw, explanation=(
+                    f"the {side} draws random numbers at {draw} ({short_op(d.op)} in {module_label(d.module)}) that "
+                    f"the {other} has no counterpart of (a dropout left in train mode, or noise the "
+                    f"{'export left out' if side == 'reference' else 'port adds'}): {p.name} differs by that draw, "
+                    f"not by the port's arithmetic. Capture the {side} without it (model.eval(), or the noise "
+                    "off) to compare the arithmetic"))
+        return p
+
+    def _reached(self, recs: dict[str, Record], draws: set[str], paired: set[str], start: str) -> str | None:
+        """The unpaired draw `start` was computed from, walking back through records the other side has no
+        counterpart of; a module-level record with no recorded input also counts the draws made inside it."""
+        rec = recs.get(start)
+        if rec is None:
+            return None
+        todo, seen = [start], {start}
+        while todo and len(seen) < self.limit:
+            r = recs.get(todo.pop())
+            if r is None:
+                continue
+            found = [i for i in r.inputs if i in draws]
+            if r.op.startswith("module:") and (r.name == start or not r.inputs):
+                found += self._inside(recs, draws, r)
+            if r.op.startswith("module:") and not r.inputs:
+                found += self._just_before(recs, draws, r)
+            if found:
+                return max(found, key=lambda n: recs[n].order)
+            for i in r.inputs:
+                if i not in seen and i not in paired:
+                    seen.add(i)
+                    todo.append(i)
+        return None
+
+    @staticmethod
+    def _just_before(recs: dict[str, Record], draws: set[str], r: Record) -> list[str]:
+        """Draws made between the last computed record before `r` and `r`: a module-level record whose input
+        came through functional code (`F.dropout` in a parent's forward) records no input."""
+        lo = max((x.order for x in recs.values() if x.order < r.order and x.kind == KIND_OUTPUT), default=-1)
+        return [d for d in draws if lo < recs[d].order < r.order]
+
+    @staticmethod
+    def _inside(recs: dict[str, Record], draws: set[str], r: Record) -> list[str]:
+        """Draws made inside module record `r`'s call: under its module, after its module's previous record."""
+        prefix = f"{r.module}." if r.module else ""
+        before = [x.order for x in recs.values() if x.module == r.module and x.order < r.order and x.name != r.name
+                  and x.op.startswith("module:")]
+        lo = max(before, default=-1)
+        return [d for d in draws if lo < recs[d].order < r.order
+                and (recs[d].module == r.module or recs[d].module.startswith(prefix))]
+
+
+def with_nonfinite_diagnoses(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list[PairResult]:
+    """Words for each pair whose NaN/Inf is born here (cause `own`, values finite on one side only): which
+    side, how many elements, and `tensorprobe.nan`'s diagnosis of the op on that side."""
+    out = []
+    origins: dict[str, Any] = {}
+    for p in results:
+        if p.cause == CAUSE_OWN and nonfinite_differs(p) and p.method in (METHOD_ELEMENTWISE, METHOD_STATS):
+            p = replace(p, explanation=_born_here(p, ref_bundle, cand_bundle, origins))
+        out.append(p)
+    return out
+
+
+def _born_here(p: PairResult, ref_bundle: Any, cand_bundle: Any, origins: dict[str, Any]) -> str:
+    from ..nan import find_nonfinite_in_bundle
+
+    cand_side = (p.metrics.get("cand_finite_frac") or 0.0) < (p.metrics.get("ref_finite_frac") or 0.0)
+    side, bundle, name = ("candidate", cand_bundle, p.cand_name) if cand_side else ("reference", ref_bundle, p.name)
+    rec = bundle.get(name) if bundle is not None else None
+    words = f"NaN/Inf born here, on the {side} side: its inputs are finite and agree"
+    if rec is not None and not rec.inputs and rec.op.startswith("module:"):
+        words = (f"NaN/Inf first appears here, on the {side} side: the recorded values before it are finite and "
+                 "agree, and its input came through code no record shows")
+    if bundle is None:
+        return words
+    if side not in origins:
+        origins[side] = find_nonfinite_in_bundle(bundle)
+    origin = origins[side]
+    if origin.found and origin.record == name and origin.diagnosis:
+        return f"{words}. {' '.join(origin.diagnosis)}"
+    if rec is None:
+        return words
+    from ..nan.diagnose import diagnose_from_stats
+
+    ins = [bundle.get(i) for i in rec.inputs]
+    found = diagnose_from_stats(rec.op, rec.op if rec.op.startswith("module:") else "",
+                                [i.stats for i in ins if i is not None], rec.stats)
+    return f"{words}. {' '.join(found)}" if found else words
 
 
 def _promote_amplifiers(results: list[PairResult], by_name: dict[str, Record]) -> list[PairResult]:
@@ -420,10 +594,17 @@ def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str,
             return p.failed
         return p.rel_err is not None and p.rel_err >= floor
 
+    values = (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST)
+    pairs = {p.name: p for p in results}
+
+    def measured_input(p: PairResult) -> bool:   # a statistics lower bound makes no gain
+        src = pairs.get(p.input_name or "")
+        return src is None or src.method in values
+
     cands = [p for p in results if p.gain is not None and math.isfinite(p.gain) and p.gain >= MIN_GAIN
              and p.rel_err is not None and matters(p) and p.kind not in (KIND_MODEL_INPUT, KIND_RNG)
              and p.cause != CAUSE_QUANTIZED and TAG_QUANTIZED not in p.tags
-             and p.method in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST)]
+             and p.method in values and measured_input(p)]
     cands.sort(key=lambda p: p.gain, reverse=True)
     out = []
     for p in cands[:MAX_AMPLIFIERS]:

@@ -17,22 +17,24 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 from ..bundle import Bundle
 from ..environment import explain as explain_environment
 from ..errors import InputError
-from ..record import TAG_DERIVED, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
+from ..record import KIND_MODEL_OUTPUT, TAG_DERIVED, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
 from .align import Pair, Rule, align, inconsistent_order_pairs, load_rules, parse_rule, parse_rules, same_shape
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .metrics import Sums, accumulate, evaluate
-from .noise import Noise, Precision, expected_noise, weight_floor
+from .noise import (OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_WORDS, Noise, Precision, dequantized_floor, expected_noise,
+                    judged_floor, reduced_precision, weight_floor)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL,
-                     STATUS_NO_DATA, STATUS_NOT_COMPARABLE, STATUS_PASS, STATUS_SHAPE, AngleResult, Criteria,
-                     DiffReport, PairResult)
+                     STATUS_NO_DATA, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, AngleResult,
+                     Criteria, DiffReport, PairResult)
 
 ANGLE_OPS = ("atan2", "angle")
 _EPS32 = 1.1920929e-07
@@ -78,43 +80,61 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
     inconsistent = inconsistent_order_pairs(alignment)
     ref_env, cand_env = ref_b.manifest.get("environment"), cand_b.manifest.get("environment")
     cand_of = {p.ref.name: p.cand for p in alignment.pairs}
-    noise = expected_noise(sorted(ref_b.records, key=lambda r: r.order), cand_of, Precision.of(ref_env, cand_env))
+    precision = Precision.of(ref_env, cand_env)
+    noise = expected_noise(sorted(ref_b.records, key=lambda r: r.order), cand_of, precision)
+    reduced = reduced_precision(ref_b.records, cand_b.records, precision)
     results = []
     for pair in alignment.pairs:
         if progress is not None:
             progress(pair.ref.name)
         results.append(compare_pair(ref_b, cand_b, pair, criteria, _is_angle(pair, angle_res),
                                     _db_scale(pair.ref.name, db_res), noise=noise.get(pair.ref.name),
-                                    not_comparable=inconsistent.get(pair.ref.name)))
+                                    not_comparable=inconsistent.get(pair.ref.name), reduced=reduced))
     return analysis.build_report(
         ref=str(ref_b.path), cand=str(cand_b.path), criteria=criteria, results=results,
         ref_records=ref_b.records, ref_only=[r.name for r in alignment.ref_only],
         cand_only=[c.name for c in alignment.cand_only], notes=[], incomplete=_incomplete(ref_b, cand_b),
-        ref_bundle=ref_b, cand_bundle=cand_b, environment_notes=explain_environment(ref_env, cand_env))
+        ref_bundle=ref_b, cand_bundle=cand_b, environment_notes=explain_environment(ref_env, cand_env),
+        noise=noise, reduced=reduced)
 
 
 def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool = False,
                  db_scale: str | None = None, *, noise: Noise | None = None,
-                 not_comparable: str | None = None) -> PairResult:
+                 not_comparable: str | None = None, reduced: str | None = None) -> PairResult:
     """Compare one aligned pair: every element when both sides kept the tensor (integers exactly), by
     content fingerprint for identical weights, else by statistics. Tensors are memory-mapped and dropped.
-    `noise`: what rounding explains here (`noise.expected_noise`), which decides under the noise rule."""
+    `noise`: what rounding explains here (`noise.expected_noise`), which decides under the noise rule;
+    `reduced`: why the candidate is not a same-precision port (`noise.reduced_precision`), or None."""
     r, c = pair.ref, pair.cand
+    floor_reason = modelled = None
     if r.kind in WEIGHT_KINDS:
         floor: float | None = weight_floor(r, c)
         rounding = floor
+        floor_reason = ("one quantisation step of a weight dequantised from integers" if floor and
+                        (dequantized_floor(c) or dequantized_floor(r)) else
+                        "rounding of a dtype conversion" if floor else "none: weights are data, compared exactly")
+    elif noise is not None:
+        judged = judged_floor(noise, r, reduced)
+        floor, modelled, floor_reason, rounding = judged.value, judged.modelled, judged.reason, noise.rounding
     else:
-        floor = noise.floor if noise is not None else None
-        rounding = noise.rounding if noise is not None else None
+        floor = rounding = None
     base = dict(name=r.name, cand_name=c.name, module=r.module, op=r.op, kind=r.kind, call=r.call,
                 order=r.order, shape=tuple(r.shape), cand_shape=tuple(c.shape), dtype=r.dtype,
                 cand_dtype=c.dtype, match=pair.method, tags=tuple(sorted(set(r.tags) | set(c.tags)
                                                                         | ({"angle"} if angle else set()))),
-                floor=floor, rounding=rounding)
+                floor=floor, rounding=rounding, floor_reason=floor_reason if criteria.noise else None,
+                modelled_floor=modelled)
+    output_rule = _output_rule(r, criteria, reduced)
     if TAG_RANDOM_REPLACED in base["tags"]:
         return PairResult(**base, status=STATUS_NO_DATA, reasons=(
             "not compared: computed from random ops the candidate replaced by zeros (random='zeros')",))
     if not_comparable is not None:
+        if _finiteness_differs(r, c) and same_shape(r.shape, c.shape):
+            # a value against no value is a divergence however each side computed it: only that is judged
+            found = _compare_values(ref_b, cand_b, pair, criteria, angle, None, base, math.inf) \
+                if r.has_tensor and c.has_tensor else _compare_stats(pair, criteria, base, math.inf)
+            return replace(found, status=STATUS_FAIL, reasons=found.reasons + (
+                "only its finiteness is compared: " + not_comparable.removeprefix("not comparable: "),))
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable,))
     if not same_shape(r.shape, c.shape):
         return PairResult(**base, status=STATUS_SHAPE,
@@ -122,15 +142,29 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
     if not kinds_agree(r, c):
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable_reason(r, c),))
     if r.has_tensor and c.has_tensor:
-        return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor)
+        return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor, output_rule)
     if r.kind in WEIGHT_KINDS and r.digest and c.digest and r.digest == c.digest and r.dtype == c.dtype:
         return PairResult(**base, status=STATUS_PASS, method=METHOD_DIGEST, metrics={"rel_l2_err": 0.0},
                           reasons=())
     return _compare_stats(pair, criteria, base, floor)
 
 
+def _finiteness_differs(r: Record, c: Record) -> bool:
+    """NaN/Inf counts differ between the two records (statistics): some element is finite on one side only."""
+    return (r.stats.nan, r.stats.posinf, r.stats.neginf) != (c.stats.nan, c.stats.posinf, c.stats.neginf)
+
+
+def _output_rule(r: Record, criteria: Criteria, reduced: str | None) -> Criteria | None:
+    """A model output of a port that is not same-precision must also meet the output criterion (SNR >= 20 dB,
+    correlation >= 0.99) under the noise rule: a quantized or float16 port is judged by its outputs."""
+    if r.kind != KIND_MODEL_OUTPUT or not criteria.noise or reduced is None or r.stats.kind != "float":
+        return None
+    return Criteria(min_snr=OUTPUT_MIN_SNR, min_corr=OUTPUT_MIN_CORR)
+
+
 def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool,
-                    db_scale: str | None, base: dict, floor: float | None) -> PairResult:
+                    db_scale: str | None, base: dict, floor: float | None,
+                    output_rule: Criteria | None = None) -> PairResult:
     r, c = pair.ref, pair.cand
     exact = value_kind(r) in (INT, BOOL)
     rt, ct = ref_b.numpy(r.name), cand_b.numpy(c.name)
@@ -150,25 +184,35 @@ def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteri
         reasons = [f"{mismatches:,} of {sums.n:,} values differ (integers and booleans compare exactly)"] \
             if mismatches or sums.nonfinite_mismatch else []
     else:
-        reasons = judge(metrics, sums, criteria, floor)
+        reasons = judge(metrics, sums, criteria, floor, OUTPUT_WORDS if base["floor_reason"] == OUTPUT_WORDS else None)
+        beyond = bool(reasons) and not sums.nonfinite_mismatch
+        if output_rule is not None and not sums.nonfinite_mismatch:
+            reasons += [f"{x}: the output criterion of a port that is not same-precision"
+                        for x in judge(metrics, sums, output_rule)]
+        return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
+                          metrics=metrics, angle=angle_res, db=db_res, method=METHOD_ELEMENTWISE,
+                          beyond_floor=beyond and len(reasons) == 1)
     return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
-                      metrics=metrics, angle=angle_res, db=db_res,
-                      method=METHOD_EXACT if exact else METHOD_ELEMENTWISE)
+                      metrics=metrics, angle=angle_res, db=db_res, method=METHOD_EXACT)
 
 
 def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | None) -> PairResult:
     """A side kept statistics only: what they prove (`compat.stats_bounds`), judged like values would be."""
     r, c = pair.ref, pair.cand
     b = stats_bounds(r.stats, c.stats)
-    metrics = {"rel_l2_err_lower": b.rel_err_lower, "max_abs_err_lower": b.max_abs_err_lower,
+    lower = math.inf if b.nonfinite_differ else b.rel_err_lower   # a value against no value: total error
+    metrics = {"rel_l2_err_lower": lower, "max_abs_err_lower": math.inf if b.nonfinite_differ else b.max_abs_err_lower,
                "ref_finite_frac": r.stats.finite_frac, "cand_finite_frac": c.stats.finite_frac}
     reasons = list(b.reasons)
     if b.values_differ is False:
         reasons = [x for x in reasons if not x.startswith("integer")]
     limit = _stats_limit(criteria, floor)
-    if b.rel_err_lower is not None and limit is not None and b.rel_err_lower > limit:
-        reasons.append(f"relative error at least {b.rel_err_lower:.3g} (SNR at most "
-                       f"{_snr(b.rel_err_lower):.1f} dB), proven by the statistics, > {limit:.3g}")
+    beyond = False
+    if not b.nonfinite_differ and lower is not None and limit is not None and lower > limit:
+        beyond = not reasons
+        what = f", {OUTPUT_WORDS}" if base["floor_reason"] == OUTPUT_WORDS else ""
+        reasons.append(f"relative error at least {lower:.3g} (SNR at most "
+                       f"{_snr(lower):.1f} dB), proven by the statistics, > {limit:.3g}{what}")
     if criteria.elementwise and b.max_abs_err_lower is not None:
         allowed = (criteria.atol or 0.0) + (criteria.rtol or 0.0) * float(r.stats.absmax or 0.0)
         if b.max_abs_err_lower > allowed:
@@ -181,8 +225,9 @@ def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | No
             " while every statistic is identical: a transpose or a permutation?" if same else ""))
     if not (r.has_tensor or c.has_tensor) and not reasons and b.rel_err_lower is None and b.values_differ is None:
         return PairResult(**base, status=STATUS_NO_DATA, reasons=("no statistics to compare",))
-    return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
-                      metrics=metrics, method=METHOD_STATS)
+    # statistics prove differences, never sameness: a pair they find no difference in is not proven to match
+    return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_NOT_PROVEN, reasons=tuple(reasons),
+                      metrics=metrics, method=METHOD_STATS, beyond_floor=beyond and len(reasons) == 1)
 
 
 def _stats_limit(criteria: Criteria, floor: float | None) -> float | None:
@@ -204,20 +249,22 @@ def _snr(rel: float) -> float:
     return -20 * math.log10(rel) if rel > 0 else math.inf
 
 
-def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria, floor: float | None = None
-          ) -> list[str]:
+def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria, floor: float | None = None,
+          floor_words: str | None = None) -> list[str]:
     """The reasons a pair fails `criteria` (empty list: it passes). Under the noise rule (no criterion
-    given) a pair fails when its relative error exceeds `floor`, its rounding-noise floor."""
+    given) a pair fails when its relative error exceeds `floor`, its rounding-noise floor (`floor_words` says
+    what the floor is, when it is not the rounding noise: "the most a model output ... may differ")."""
     reasons = []
     if sums.nonfinite_mismatch:
-        reasons.append(f"{int(sums.nonfinite_mismatch):,} elements finite on one side only "
-                       f"(finite fraction {metrics['ref_finite_frac']:.6g} vs {metrics['cand_finite_frac']:.6g})")
+        reasons.append(nonfinite_words(metrics))
+        return reasons    # total error: no threshold can pass it, and no other figure means anything
     if criteria.noise:
         rel = metrics.get("rel_l2_err")
         if floor is not None and rel is not None and rel > floor:
             snr = metrics.get("snr_db")
             snr_words = f", SNR {snr:.1f} dB" if isinstance(snr, float) and math.isfinite(snr) else ""
-            reasons.append(f"relative error {rel:.3g}{snr_words} beyond the rounding noise {floor:.2g}")
+            limit = f"{floor:.2g}, {floor_words}" if floor_words else f"the rounding noise {floor:.2g}"
+            reasons.append(f"relative error {rel:.3g}{snr_words} beyond {limit}")
         return reasons
     if criteria.elementwise and sums.violations:
         reasons.append(f"{int(sums.violations):,} of {sums.n:,} elements outside atol={criteria.atol or 0:g} "
@@ -229,6 +276,14 @@ def judge(metrics: Mapping[str, float | None], sums: Sums, criteria: Criteria, f
     if criteria.min_corr is not None and corr is not None and corr < criteria.min_corr:
         reasons.append(f"correlation {corr:.6f} < {criteria.min_corr:g}")
     return reasons
+
+
+def nonfinite_words(metrics: Mapping[str, float | None]) -> str:
+    """'non-finite on the candidate side: 12 elements (SNR -inf)', from a pair's metrics."""
+    parts = [f"non-finite on the {side} side: {int(n):,} element{'s' if n != 1 else ''}"
+             for side, n in (("candidate", metrics.get("nonfinite_cand_only") or 0),
+                             ("reference", metrics.get("nonfinite_ref_only") or 0)) if n]
+    return "; ".join(parts or ["elements finite on one side only"]) + " (SNR -inf: a value against no value is total error)"
 
 
 def _angle_result(sums: Sums, metrics: Mapping[str, float | None], criteria: Criteria,

@@ -21,6 +21,11 @@ Torch tensors are accepted (viewed as NumPy on the CPU); NumPy arrays never impo
 
 Angles: with `angle=True` the difference is wrapped into (-π, π] before use (the candidate is treated as
 `ref + wrap(cand - ref)`), and elements whose raw difference exceeds π are counted as branch-cut flips.
+
+Non-finite values: an element finite on one side only is total error. The error metrics are then infinite
+(SNR -inf, relative and absolute errors inf) and the correlations undefined, whatever the other elements do;
+`nonfinite_cand_only` / `nonfinite_ref_only` count the elements non-finite on the candidate side only and on
+the reference side only. Elements non-finite on both sides are left out (both runs agree there is no value).
 """
 
 from __future__ import annotations
@@ -102,23 +107,32 @@ def metric(name: str) -> Callable[[Metric], Metric]:
 
 @metric("max_abs_err")
 def max_abs_err(s: Sums) -> float | None:
+    if s.nonfinite_mismatch:
+        return math.inf
     return s.max_abs if s.n_both else None
 
 
 @metric("mean_abs_err")
 def mean_abs_err(s: Sums) -> float | None:
+    if s.nonfinite_mismatch:
+        return math.inf
     return s.sum_abs / s.n_both if s.n_both else None
 
 
 @metric("max_rel_err")
 def max_rel_err(s: Sums) -> float | None:
     """max |c - r| / (|r| + floor), floor = float32 eps x the reference's abs-max (set by the caller)."""
+    if s.nonfinite_mismatch:
+        return math.inf
     return s.max_rel if s.n_both else None
 
 
 @metric("rel_l2_err")
 def rel_l2_err(s: Sums) -> float | None:
-    """||c - r|| / ||r||: the relative error used for error gain."""
+    """||c - r|| / ||r||: the relative error used for error gain (inf when an element is finite on one side
+    only: a NaN where the other side has a value is total error)."""
+    if s.nonfinite_mismatch:
+        return math.inf
     if not s.n_both:
         return None
     e = s.energy_ref()
@@ -130,7 +144,7 @@ def rel_l2_err(s: Sums) -> float | None:
 @metric("cosine")
 def cosine(s: Sums) -> float | None:
     er, ec = s.energy_ref(), s.energy_cand()
-    if not s.n_both or er <= 0 or ec <= 0:
+    if s.nonfinite_mismatch or not s.n_both or er <= 0 or ec <= 0:
         return None
     return _clip1(s.dot() / math.sqrt(er * ec))
 
@@ -138,8 +152,8 @@ def cosine(s: Sums) -> float | None:
 @metric("pearson")
 def pearson(s: Sums) -> float | None:
     n = s.n_both
-    if n < 2:
-        return None
+    if n < 2 or s.nonfinite_mismatch:
+        return None   # undefined: a value against no value has no correlation
     vr = s.s_rr - s.s_r * s.s_r / n
     vc = s.s_cc - s.s_c * s.s_c / n
     if vr <= 0 or vc <= 0:
@@ -149,7 +163,10 @@ def pearson(s: Sums) -> float | None:
 
 @metric("snr_db")
 def snr_db(s: Sums) -> float | None:
-    """10·log10(reference energy / error energy); +inf for identical tensors."""
+    """10·log10(reference energy / error energy); +inf for identical tensors, -inf when an element is finite
+    on one side only."""
+    if s.nonfinite_mismatch:
+        return -math.inf
     if not s.n_both:
         return None
     e = s.energy_ref()
@@ -168,6 +185,18 @@ def ref_finite_frac(s: Sums) -> float | None:
 @metric("cand_finite_frac")
 def cand_finite_frac(s: Sums) -> float | None:
     return s.n_cand_finite / s.n if s.n else None
+
+
+@metric("nonfinite_cand_only")
+def nonfinite_cand_only(s: Sums) -> float | None:
+    """Elements finite in the reference and not in the candidate (NaN/Inf on the candidate side only)."""
+    return float(s.n_ref_finite - s.n_both) if s.n else None
+
+
+@metric("nonfinite_ref_only")
+def nonfinite_ref_only(s: Sums) -> float | None:
+    """Elements finite in the candidate and not in the reference."""
+    return float(s.n_cand_finite - s.n_both) if s.n else None
 
 
 def _clip1(x: float) -> float:

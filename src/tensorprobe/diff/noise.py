@@ -15,8 +15,10 @@ GPU's TF32 convolutions. `diff`'s default verdict separates that noise from real
   `u_acc` = 2^-24·sqrt(k), one behind k TF32 matmuls about 2^-11·sqrt(k). Integers and booleans have
   `u_acc` = 0: they must agree exactly.
 - Where both runs used the same arithmetic deterministically (same runtime and version, device, threads,
-  precision flags: `environment.same_arithmetic`) and a record has the same dtype on both sides, its own
-  roundoff is 0: identical inputs give identical bits, so any difference was caused by something else.
+  precision flags: `environment.same_arithmetic`) and a record is the same op with the same dtype on both
+  sides, its own roundoff is 0: identical inputs give identical bits, so any difference was caused by
+  something else. A module's output is not covered: a port's module may compute the same thing with other
+  ops (a fused conv and norm, `hypot` for a square root of squares), whose rounding differs.
 - A normalisation's saved mean and inverse std (outputs 1 and 2 of the native norms, which only the
   backward pass reads) are compared and shown, never judged.
 - `κ` >= 1 is the cancellation factor of sums, differences, means, normalisations and dot products (how
@@ -28,6 +30,22 @@ GPU's TF32 convolutions. `diff`'s default verdict separates that noise from real
 - `NOISE_UNITS` = 32 was calibrated on float32-vs-float64 and TF32-vs-float32 runs of a transformer encoder,
   a conv/LSTM stack and a VITS TTS model (op and module level), whose records stay within 6.2 units of
   `u_acc` (records up to 3,200 ops deep): a margin of 5.
+- A sigmoid kernel is accurate to about one unit of its output's *range* (ONNX Runtime's: 1.2e-7 absolute,
+  so 1e-3 relative at an output of 1e-4): its own rounding, relative to an output of rms y < 1, is u/y.
+
+**The floor explains, never hides.** κ is modelled from statistics, and a model can be wrong (Silero's LSTM,
+fed inputs of rms 513, models a cancellation of 4,600 that the runs never show). For a *same-precision*
+port (float32 or finer arithmetic on both sides: no float16, bfloat16, TF32 or quantized records) the floor
+is therefore at most the **rounding ceiling**, max(NOISE_UNITS x u_plain, CEILING_UNITS x u): u_plain is
+`u_acc` without any cancellation credit (the exact conditioning of a sigmoid's tail and its range rounding
+are kept: they are facts of the reference's values), CEILING_UNITS x 2^-24 = 1.2e-4 what float32 rounding
+produces through a deep path. A floor above the ceiling is allowed only when **measured**: the record's
+inputs were compared value by value and their measured error, times the cancellation κ of its op, explains
+its error (`analysis`). A model output of a same-precision port never passes beyond `OUTPUT_REL_MAX`
+(5e-4, SNR 66 dB: half of 1e-3, so that an output off by 1e-3 fails whatever rounding it also carries).
+For a port that is not same-precision (float16, bfloat16, TF32, int8) the ceiling is its own arithmetic's
+rounding along the path, NOISE_UNITS x u_plain, and its model outputs must also meet `OUTPUT_MIN_SNR` (20 dB)
+and `OUTPUT_MIN_CORR` (0.99). Every judged floor carries its reason (`Floor`).
 
 Weights are data, not arithmetic: they are noise within 2 units of the coarser dtype's roundoff (a float16
 conversion), or within one quantisation step (the scale) for weights dequantised from integers.
@@ -55,8 +73,8 @@ from typing import Iterable, Mapping
 
 from ..environment import CONV, MATMUL, UNIT_ROUNDOFF, arithmetic, same_arithmetic
 from ..ops import canonical_op
-from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, TAG_DERIVED, TAG_QSTEP, WEIGHT_KINDS,
-                      Record)
+from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, ROOT, TAG_DERIVED, TAG_QSTEP, TAG_QUANTIZED,
+                      WEIGHT_KINDS, Record)
 from .compat import rms
 from .explain import HUGE_GAIN, dot_cancellation, family, norm_gain, sigmoid_gain
 
@@ -64,6 +82,10 @@ NOISE_UNITS = 32
 LOCAL_UNITS = 8
 OWN_MARGIN = 4.0
 WEIGHT_UNITS = 2
+CEILING_UNITS = 2048          # x 2^-24 = 1.2e-4: float32 rounding through a deep path, without amplification
+OUTPUT_REL_MAX = 5e-4         # a same-precision port's model output (SNR 66 dB): half of 1e-3 (60 dB)
+OUTPUT_MIN_SNR, OUTPUT_MIN_CORR = 20.0, 0.99   # model outputs of a reduced-precision port (issue 29's default)
+SAME_PRECISION_ROUNDOFF = UNIT_ROUNDOFF["float32"]
 
 CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_AMPLIFIED, CAUSE_RANDOM, CAUSE_INHERITED, CAUSE_QUANTIZED = (
     "own", "weights", "amplified", "random", "inherited", "quantized")
@@ -102,9 +124,13 @@ class Precision:
 
     def own(self, r: Record, c: Record | None) -> float:
         """Unit roundoff of the arithmetic of this one record (no inheritance); 0 when both sides computed
-        it the same way (same environment and dtype): identical inputs then give identical bits."""
-        if self.identical and c is not None and c.dtype == r.dtype:
+        it the same way (same environment, op and dtype): identical inputs then give identical bits."""
+        if self.identical and c is not None and c.dtype == r.dtype and c.op == r.op and not r.op.startswith("module:"):
             return 0.0
+        return self.unit(r, c)
+
+    def unit(self, r: Record, c: Record | None) -> float:
+        """The coarser unit roundoff of the two sides' arithmetic for this record (dtypes, TF32)."""
         u = dtype_roundoff(r.dtype)
         if c is not None:
             u = max(u, dtype_roundoff(c.dtype))
@@ -119,15 +145,105 @@ class Precision:
 @dataclass(frozen=True)
 class Noise:
     """What rounding explains for one record: `expected` relative error (propagated from everything it was
-    computed from) and `rounding`, the part its own op adds."""
+    computed from, cancellation credited), `rounding`, the part its own op adds, `plain`, the expected error
+    without any cancellation credit, and `depth`, the ops along its longest path."""
 
     expected: float
     rounding: float
     unjudged: bool = False    # an all-zero reference: no relative error can be judged against it
+    plain: float | None = None
+    depth: int = 0
+    unit: float = 0.0         # the coarser unit roundoff of the two sides' arithmetic here
 
     @property
     def floor(self) -> float:
+        """The modelled floor: NOISE_UNITS x expected (inf when not judged)."""
         return math.inf if self.unjudged else NOISE_UNITS * self.expected
+
+    @property
+    def ceiling(self) -> float:
+        """The rounding ceiling: what rounding produces along the path without amplification credit, and at
+        least what float32 rounding produces through a deep path (CEILING_UNITS x 2^-24)."""
+        plain = self.expected if self.plain is None else self.plain
+        return max(NOISE_UNITS * plain, CEILING_UNITS * min(self.unit, SAME_PRECISION_ROUNDOFF))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The floor a record is judged against under the noise rule, the modelled one it may stand for, and why."""
+
+    value: float
+    modelled: float
+    reason: str
+
+
+def reduced_precision(ref: Iterable[Record], cand: Iterable[Record], prec: Precision) -> str | None:
+    """Why the candidate is not a same-precision port ("float16", "TF32 convolutions", "int8 quantized"), or
+    None when both sides compute in float32 or finer: the float dtypes of the forward's records, the TF32
+    flags of the two environments, and records the candidate computes with quantized arithmetic."""
+    cand = list(cand)
+    if any(TAG_QUANTIZED in c.tags for c in cand):
+        return "int8 quantized"
+    for recs in (ref, cand):
+        for r in recs:
+            if r.kind not in WEIGHT_KINDS and r.stats.kind == "float" and \
+                    dtype_roundoff(r.dtype) > SAME_PRECISION_ROUNDOFF:
+                return r.dtype
+    for side in (prec.ref, prec.cand):
+        for fam, arith in side.items():
+            if UNIT_ROUNDOFF.get(arith, 0.0) > SAME_PRECISION_ROUNDOFF:
+                return f"{arith.upper() if arith == 'tf32' else arith} {'convolutions' if fam == CONV else 'matmuls'}"
+    return None
+
+
+def judged_floor(noise: Noise, r: Record, reduced: str | None) -> Floor:
+    """The floor `r` is judged against, with its reason: the modelled floor for a reduced-precision port;
+    for a same-precision port at most the rounding ceiling (a larger one needs a measurement: `measured_floor`),
+    and at most `OUTPUT_REL_MAX` for a model output."""
+    modelled = noise.floor
+    if noise.unjudged:
+        return Floor(math.inf, math.inf, "not judged: an all-zero reference, or a normalisation's saved statistic")
+    path = f"{_unit_name(noise.unit)} rounding along {noise.depth:,} op{'s' if noise.depth != 1 else ''}"
+    if reduced is not None:
+        path += f" of a {reduced} port"
+    if modelled == 0.0:
+        return Floor(0.0, 0.0, "none: both runs used the same arithmetic, and the same op on the same inputs gives "
+                               "the same bits")
+    ceiling = noise.ceiling
+    floor = Floor(modelled, modelled, path) if modelled <= ceiling else Floor(
+        ceiling, modelled, f"{path}, capped at the rounding ceiling: the modelled amplification (floor "
+                           f"{modelled:.2g}) is allowed only where its inputs' error is measured")
+    if reduced is None and is_model_output(r) and floor.value > OUTPUT_REL_MAX:
+        return Floor(OUTPUT_REL_MAX, modelled, OUTPUT_WORDS)
+    return floor
+
+
+OUTPUT_WORDS = f"the most a model output of a same-precision port may differ (SNR {-20 * math.log10(OUTPUT_REL_MAX):.0f} dB)"
+
+
+def is_model_output(r: Record) -> bool:
+    """A model output, or the root module's output (`<root>`, `<root>:0`): the same values, as the root made them."""
+    if r.kind == KIND_MODEL_OUTPUT:
+        return True
+    m = NAME_RE.match(r.name)
+    return r.kind == KIND_OUTPUT and m is not None and m.group("module") == ROOT and not m.group("op")
+
+
+def measured_floor(noise: Noise, r: Record, k: float, e_in: float, input_name: str,
+                   reduced: str | None = None) -> Floor:
+    """A floor above the rounding ceiling, backed by a measurement: `input_name` (compared value by value)
+    differs by `e_in`, and `r`'s op multiplies that by up to `k` (cancellation, from the reference's statistics).
+    Never above the modelled floor, nor above `OUTPUT_REL_MAX` for a model output."""
+    value = min(noise.floor, max(noise.ceiling, OWN_MARGIN * k * e_in))
+    if reduced is None and is_model_output(r) and value > OUTPUT_REL_MAX:
+        return Floor(OUTPUT_REL_MAX, noise.floor, OUTPUT_WORDS)
+    return Floor(value, noise.floor, f"measured: its input {input_name} differs by {e_in:.2g} (compared value by "
+                                     f"value), which its op can amplify up to x{k:,.3g} (cancellation)")
+
+
+def _unit_name(u: float) -> str:
+    return next((name for name in ("float64", "float32", "float16", "bfloat16", "tf32") if UNIT_ROUNDOFF[name] == u),
+                "float")
 
 
 def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: Precision) -> dict[str, Noise]:
@@ -143,40 +259,56 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
     hidden. Weights, model inputs and random draws carry the rounding of a dtype conversion when the two
     sides' dtypes differ, else nothing. A module-level record also takes in the records computed inside its
     call, and one whose input came through functional code what ran just before it; in a bundle without an
-    op graph each record takes the largest seen so far."""
+    op graph each record takes the largest seen so far. The same propagation without cancellation credit
+    (k_i <= 1, k_0 = 1; a sigmoid's exact tail conditioning kept) gives `Noise.plain`."""
     refs = list(refs)
+    credited = _propagate(refs, cand_of, prec, credit=True)
+    plain = _propagate(refs, cand_of, prec, credit=False)
+    return {name: Noise(e, rnd, unjudged, plain[name][0], depth, unit)
+            for name, (e, rnd, unjudged, depth, unit) in credited.items()}
+
+
+def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precision, credit: bool
+               ) -> dict[str, tuple[float, float, bool, int, float]]:
+    """name -> (expected, rounding, unjudged, depth, unit): one pass of `expected_noise`."""
     has_graph = any(r.inputs for r in refs if r.kind not in WEIGHT_KINDS)
     by_name: dict[str, Record] = {}
-    out: dict[str, Noise] = {}
+    out: dict[str, tuple[float, float, bool, int, float]] = {}
     inside: dict[str, float] = {}      # module path -> largest absolute expected error inside its current call
     taken: dict[str, tuple[int, float]] = {}  # module path -> (call, inside) of its last module record
     running = latest = 0.0
+    deepest = last_depth = 0
     for r in refs:
         by_name[r.name] = r
-        own = prec.own(r, cand_of.get(r.name))
+        c = cand_of.get(r.name)
+        own, unit = prec.own(r, c), prec.unit(r, c)
         if r.kind in WEIGHT_KINDS or r.kind in (KIND_MODEL_INPUT, KIND_RNG) or r.stats.kind in ("int", "bool"):
-            c = cand_of.get(r.name)
             # a dequantised weight is judged within one quantisation step, but passes on only rounding: what its
             # quantisation does to the forward is the quantized port's error, reported as such
             conv = weight_floor(r, c, quantization=False) if (c is not None and r.kind in WEIGHT_KINDS) else \
                 (own if c is not None and c.dtype != r.dtype else 0.0)
-            out[r.name] = Noise(conv, conv)
+            out[r.name] = (conv, conv, False, 0, unit)
             continue
         if r.stats.kind == "float" and rms(r.stats) == 0.0:
             # An all-zero reference (1 - uv on voiced frames, x * 0): it passes on no relative error, and a
             # candidate's rounding there is judged where it shows, downstream. A model output is judged as is.
-            out[r.name] = Noise(0.0, 0.0, unjudged=r.kind != KIND_MODEL_OUTPUT)
+            out[r.name] = (0.0, 0.0, r.kind != KIND_MODEL_OUTPUT, 0, unit)
             continue
         ins = [by_name[i] for i in r.inputs if i in by_name]
         factors = sensitivity(r, ins, _output_index(r.name))
-        k0 = max([1.0, *factors]) if family(r.op) in ("sum", "norm", "linear") else 1.0
-        rounding = own * min(k0, HUGE_GAIN)
-        terms = [f * out[i.name].expected for f, i in zip(factors, ins) if i.name in out]
+        fam = family(r.op)
+        if not credit and fam != "sigmoid":
+            factors = [min(f, 1.0) for f in factors]   # rounding only: no cancellation credit
+        k0 = max([1.0, *factors]) if credit and fam in ("sum", "norm", "linear") else 1.0
+        rounding = own * min(k0, HUGE_GAIN) * (_range_rounding(r) if unit <= SAME_PRECISION_ROUNDOFF else 1.0)
+        terms = [f * out[i.name][0] for f, i in zip(factors, ins) if i.name in out]
+        depth = 1 + max((out[i.name][3] for i in ins if i.name in out), default=0)
         if not has_graph:   # a port's dump: the records before it are all we know of its inputs
-            terms = [running]
+            terms, depth = [running], deepest + 1
         elif not r.inputs and r.op.startswith("module:"):
-            terms = [latest]  # its input came through functional code between modules: from what ran just before
+            terms, depth = [latest], last_depth + 1  # its input came through functional code: what ran just before
         if r.op.startswith("module:"):  # every output of one call (`m:0`, `m:1`) sees what ran inside it
+            depth = max(depth, last_depth + 1)    # what ran just before it ran inside its call
             if taken.get(r.module, (None,))[0] != r.call:
                 taken[r.module] = (r.call, inside.pop(r.module, 0.0))
             within = taken[r.module][1] / (rms(r.stats) or 1.0)   # relative to this output's size
@@ -194,9 +326,10 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
         expected = min(math.sqrt(rounding * rounding + prop * prop), HUGE_GAIN)
         # A normalisation's mean and inverse std (native norms' outputs 1 and 2) are kept for the backward pass
         # and read by nothing in the forward; their per-channel conditioning is beyond tensor statistics.
-        statistic = family(r.op) == "norm" and _output_index(r.name) > 0
-        out[r.name] = Noise(expected, rounding, unjudged=statistic)
+        statistic = fam == "norm" and _output_index(r.name) > 0
+        out[r.name] = (expected, rounding, statistic, depth, unit)
         running, latest = max(running, expected), expected
+        deepest, last_depth = max(deepest, depth), depth
         parts = r.module.split(".") if r.module else []
         level = len(parts) - (1 if r.op.startswith("module:") else 0)
         size = expected * (rms(r.stats) or 0.0)
@@ -206,12 +339,21 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
     return out
 
 
-def _magnitude_weighted(r: Record, ins: list[Record], noise: Mapping[str, "Noise"]) -> float | None:
+def _range_rounding(r: Record) -> float:
+    """A float32 sigmoid kernel is accurate to a unit of its output's range (1), not of its value: relative to
+    an output of rms y < 1 its own rounding is 1/y units (ONNX Runtime's: 1.2e-7 absolute, 1e-3 relative at 1e-4)."""
+    if family(r.op) != "sigmoid" or r.stats.kind != "float":
+        return 1.0
+    y = rms(r.stats) or 0.0
+    return min(HUGE_GAIN, 1.0 / y) if 0.0 < y < 1.0 else 1.0
+
+
+def _magnitude_weighted(r: Record, ins: list[Record], noise: Mapping[str, tuple]) -> float | None:
     """sqrt(sum (rms(i) · expected(i))^2) / rms(r): the inputs' absolute errors carried at unit gain."""
     out = rms(r.stats)
     if not out:
         return None
-    terms = [(rms(i.stats) or 0.0) * noise[i.name].expected for i in ins if i.name in noise]
+    terms = [(rms(i.stats) or 0.0) * noise[i.name][0] for i in ins if i.name in noise]
     return math.sqrt(sum(t * t for t in terms)) / out if terms else None
 
 
@@ -272,6 +414,6 @@ def dequantized_floor(r: Record) -> float | None:
 
 
 __all__ = ["CAUSE_AMPLIFIED", "CAUSE_INHERITED", "CAUSE_OWN", "CAUSE_QUANTIZED", "CAUSE_RANDOM", "CAUSE_WEIGHTS",
-           "LOCAL_UNITS",
-           "NOISE_UNITS", "OWN_MARGIN", "Noise", "Precision", "dequantized_floor", "dtype_roundoff", "expected_noise",
-           "sensitivity", "weight_floor"]
+           "CEILING_UNITS", "LOCAL_UNITS", "NOISE_UNITS", "OUTPUT_MIN_CORR", "OUTPUT_MIN_SNR", "OUTPUT_REL_MAX",
+           "OWN_MARGIN", "Floor", "Noise", "Precision", "dequantized_floor", "dtype_roundoff", "expected_noise",
+           "judged_floor", "measured_floor", "reduced_precision", "sensitivity", "weight_floor"]

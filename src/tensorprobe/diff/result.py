@@ -16,6 +16,7 @@ STATUS_FAIL = "fail"
 STATUS_SHAPE = "shape_mismatch"
 STATUS_NO_DATA = "no_data"
 STATUS_NOT_COMPARABLE = "not_comparable"
+STATUS_NOT_PROVEN = "not_proven"    # compared by statistics only, which show no difference: not a proven match
 
 # How a pair was compared: every element (floats), exactly (integers, bools), by content fingerprint
 # (weights), or by statistics alone (a side kept no tensor: divergences are proven, a match is not).
@@ -140,10 +141,15 @@ class PairResult:
     origin: str | None = None           # the record where this pair's error entered
     explanation: str | None = None      # why its op amplifies (diff.explain), or why it is not comparable
     input_name: str | None = None       # the input whose error `input_rel_err` is
+    floor_reason: str | None = None     # why the floor is what it is (noise rule): rounding, measured, capped
+    modelled_floor: float | None = None  # what the noise model alone would allow (the floor may be lower)
+    beyond_floor: bool = False          # fails only because its error exceeds `floor` (a measurement may lift it)
 
     @property
     def passed(self) -> bool:
-        return self.status in (STATUS_PASS, STATUS_NO_DATA, STATUS_NOT_COMPARABLE)
+        """Not failing: a pass, a pair compared by statistics that show no difference (`not_proven`), nothing
+        to compare, or values that can't be compared."""
+        return self.status in (STATUS_PASS, STATUS_NOT_PROVEN, STATUS_NO_DATA, STATUS_NOT_COMPARABLE)
 
     @property
     def failed(self) -> bool:
@@ -175,7 +181,8 @@ class PairResult:
             "metrics": _jdict(self.metrics), "angle": self.angle.to_dict() if self.angle else None,
             "db": self.db.to_dict() if self.db else None, "input_rel_err": jfloat(self.input_rel_err),
             "gain": jfloat(self.gain), "tags": list(self.tags), "method": self.method,
-            "floor": jfloat(self.floor), "rounding": jfloat(self.rounding), "cause": self.cause, "origin": self.origin,
+            "floor": jfloat(self.floor), "floor_reason": self.floor_reason, "floor_modelled": jfloat(self.modelled_floor),
+            "rounding": jfloat(self.rounding), "cause": self.cause, "origin": self.origin,
             "explanation": self.explanation, "input_name": self.input_name,
         }
 
@@ -243,6 +250,8 @@ class DiffReport:
     environment_notes: tuple[str, ...] = ()
     rng_differs: tuple[str, ...] = ()       # random draws that differ (not replayed)
     incomplete: tuple[str, ...] = ()        # "the candidate bundle is incomplete: its capture stopped after ..."
+    reduced_precision: str | None = None    # why the candidate is not a same-precision port ("float16"), or None
+    levels: str | None = None               # "the reference was captured at module level and the candidate at op level: ..."
 
     @property
     def verdict(self) -> str:
@@ -294,6 +303,8 @@ class DiffReport:
         return p
 
     def get(self, name: str | None) -> PairResult | None:
+        """The pair (forward or weight) of reference record `name`; None when there is none, or `name` is None
+        (so `report.get(report.first_divergence)` is None on a match)."""
         if not name:
             return None
         return next((p for p in self.pairs if p.name == name), None) or \
@@ -318,6 +329,7 @@ class DiffReport:
             "amplifiers": [a.to_dict() for a in self.amplifiers], "rng_note": self.rng_note,
             "rng_differs": list(self.rng_differs), "environment_notes": list(self.environment_notes),
             "notes": list(self.notes), "incomplete": list(self.incomplete), "counts": self.counts(),
+            "reduced_precision": self.reduced_precision, "levels": self.levels,
             "ref_only": list(self.ref_only), "cand_only": list(self.cand_only),
             "shape_mismatches": list(self.shape_mismatches),
             "not_comparable": [{"name": p.name, "dtype": p.dtype, "cand_name": p.cand_name,
@@ -335,7 +347,7 @@ class DiffReport:
         same for the weights (`weights_*`) and the pass/fail tallies of the forward's pairs."""
         c = {"pairs": len(self.pairs), "failed": sum(p.failed for p in self.pairs),
              "ref_only": len(self.ref_only), "cand_only": len(self.cand_only)}
-        for st in (STATUS_PASS, STATUS_FAIL, STATUS_SHAPE, STATUS_NO_DATA, STATUS_NOT_COMPARABLE):
+        for st in (STATUS_PASS, STATUS_FAIL, STATUS_SHAPE, STATUS_NO_DATA, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN):
             c[st] = sum(p.status == st for p in self.pairs)
         for m in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS):
             c[m] = sum(p.method == m and p.status != STATUS_NOT_COMPARABLE for p in self.pairs)

@@ -13,19 +13,29 @@ from __future__ import annotations
 import math
 
 from ..record import KIND_MODEL_INPUT, module_label
-from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS
+from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
+                    OUTPUT_MIN_SNR)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
 
 
 def fmt_err(p: PairResult) -> str:
+    """A pair's error in a few words: 'SNR 41.2 dB, correlation 0.999920', 'non-finite on the candidate side:
+    12 elements', 'relative error at least 0.01 (statistics)', 'exact'."""
     parts = []
+    nonfinite = [f"non-finite on the {side} side: {int(n):,} element{'s' if n != 1 else ''}" for side, n in
+                 (("candidate", p.metric("nonfinite_cand_only") or 0), ("reference", p.metric("nonfinite_ref_only") or 0))
+                 if n]
+    if nonfinite:
+        return "; ".join(nonfinite) + " (SNR -inf)"
     if p.method == METHOD_EXACT:
         n = p.metrics.get("mismatches")
         return "exact" if not n else f"{int(n):,} values differ"
     if p.method == METHOD_STATS:
         lo = p.metrics.get("rel_l2_err_lower")
-        return f"relative error at least {lo:.2g} (statistics)" if lo else "statistics agree"
+        if lo == math.inf:
+            return "NaN/Inf counts differ (statistics; SNR -inf)"
+        return f"relative error at least {lo:.2g} (statistics)" if lo else "statistics show no difference (not proven)"
     if p.method == METHOD_DIGEST:
         return "identical"
     snr, corr = p.metric("snr_db"), p.metric("pearson")
@@ -76,11 +86,15 @@ def summarize(r: DiffReport) -> str:
         return (f"Nothing compared: {len(r.pairs)} records line up, but none could be compared "
                 "(no tensors and no statistics in common, or values of different kinds).")
     text = compared_words(r) + " "
+    if r.levels:     # first: every other sentence is about what little lined up
+        text = r.levels + " " + text
     if r.incomplete:
         text = " ".join(n[0].upper() + n[1:] + "." for n in r.incomplete) + " " + text
     if verdict == VERDICT_CONSISTENT:
-        text = (f"No divergence found, but nothing was compared element-wise: {compared_words(r)[9:]} "
-                "Statistics only prove differences; capture with --keep full to compare values.")
+        text = ((r.levels + " " if r.levels else "") +
+                f"No divergence found, but nothing was compared element-wise: {compared_words(r)[9:]} "
+                "Statistics only prove differences, so a match is not proven; capture with --keep full to compare "
+                "values.")
     elif verdict != VERDICT_DIVERGED:
         text += _match_words(r)
     else:
@@ -88,7 +102,9 @@ def summarize(r: DiffReport) -> str:
     text += _rng_words(r) + _calls_words(r)
     if r.environment_notes and verdict == VERDICT_DIVERGED:
         text += f" The environments differ: {r.environment_notes[0]}."
-    if r.rng_note and verdict == VERDICT_DIVERGED and r.rng_note not in text:
+    first = r.get(r.first_divergence)
+    unpaired = first is not None and first.cause == CAUSE_RANDOM and first.origin and r.get(first.origin) is None
+    if r.rng_note and verdict == VERDICT_DIVERGED and r.rng_note not in text and not unpaired:   # nothing to replay
         text += f" Note: {r.rng_note}."
     unmatched = [n for n in r.ref_only if not n.startswith("input.")]
     if unmatched or r.cand_only or r.shape_mismatches:
@@ -103,10 +119,23 @@ def _match_words(r: DiffReport) -> str:
     tail = ""
     if worst is not None:
         floor = f", noise floor {worst.floor:.2g}" if worst.floor and r.criteria.noise else ""
-        tail = f" (worst {worst.name}: relative error {worst.rel_err:.2g}{floor}; {fmt_err(worst)})"
-    stats = r.counts()["statistics"]
-    caveat = f" {stats:,} records compared by statistics only show no divergence." if stats else ""
-    return f"Match: every compared record agrees {rule}{tail}.{caveat}"
+        why = f": {worst.floor_reason}" if floor and worst.floor_reason else ""
+        tail = f" (worst {worst.name}: relative error {worst.rel_err:.2g}{floor}{why}; {fmt_err(worst)})"
+    stats = r.counts()["not_proven"]
+    caveat = (f" {stats:,} records compared by statistics only show no difference: not proven (--keep full compares "
+              "their values)." if stats else "")
+    return f"Match: every compared record agrees {rule}{tail}.{caveat}" + _precision_words(r)
+
+
+def _precision_words(r: DiffReport) -> str:
+    """For a port that is not same-precision, whether its outputs meet the output criterion."""
+    if not r.reduced_precision or not r.criteria.noise:
+        return ""
+    outs = [o for o in (r.get(n) for n in r.outputs) if o is not None and o.method == METHOD_ELEMENTWISE]
+    if not outs or any(o.failed for o in outs):
+        return ""
+    return (f" The outputs meet the output criterion of a {r.reduced_precision} port (SNR >= {OUTPUT_MIN_SNR:g} dB, "
+            f"correlation >= {OUTPUT_MIN_CORR:g}).")
 
 
 def _weights_words(r: DiffReport) -> str:
@@ -156,6 +185,8 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
     if p.cause == CAUSE_WEIGHTS:
         return f" It reads weight {p.origin}, which differs."
     if p.cause == CAUSE_RANDOM:
+        if p.origin != p.name and p.explanation and r.get(p.origin) is None:   # a draw with no counterpart
+            return f" {_sentence(p.explanation)}"
         return " It comes from random draws that differ between the runs (use --replay-rng)."
     if p.cause == CAUSE_QUANTIZED:
         n = sum(1 for q in r.pairs if "quantized" in q.tags)
@@ -167,14 +198,26 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
         words = f": {p.explanation}" if p.explanation else ""
         return (f" No record adds error of its own: its inputs differ only by rounding noise, which it "
                 f"amplifies{g}{words}.")
+    if p.cause == CAUSE_OWN and p.explanation:     # NaN/Inf born here, with its diagnosis
+        return f" {_sentence(p.explanation)}"
     if p.cause == CAUSE_OWN and p.method != METHOD_STATS:
         if p.input_rel_err:
             return (f" The error is its own: its inputs differ by at most {p.input_rel_err:.2g}, which its op "
                     f"cannot turn into {p.rel_err:.2g}{' (composite module: capture at op level to see which op)' if p.op.startswith('module:') else ''}.")
-        if p.input_rel_err == 0:
+        src = r.get(p.input_name)
+        if p.input_rel_err == 0 and src is not None and src.method in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST):
             return " The error enters here: its inputs are identical."
+        if p.input_rel_err == 0 and src is not None:
+            return (" The error enters here: its inputs, compared by statistics only, show no difference "
+                    "(not proven identical).")
         return " The error enters here: no recorded value it is computed from differs."
     return ""
+
+
+def _sentence(text: str) -> str:
+    """`text` as a sentence: capitalised, ending with one full stop."""
+    text = text.strip()
+    return text[0].upper() + text[1:] + ("" if text.endswith(".") else ".")
 
 
 def _output_words(r: DiffReport, first: PairResult) -> str:

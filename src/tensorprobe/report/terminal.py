@@ -13,10 +13,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..numbers import fmt_number
-from ..diff.result import (METHOD_DIGEST, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_PASS,
-                           STATUS_SHAPE, DiffReport, PairResult)
+from ..diff.result import (METHOD_DIGEST, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE,
+                           STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, DiffReport, PairResult)
 
-_STATUS_STYLE = {STATUS_PASS: "green", STATUS_FAIL: "red", STATUS_SHAPE: "magenta", STATUS_NOT_COMPARABLE: "yellow"}
+_STATUS_STYLE = {STATUS_PASS: "green", STATUS_FAIL: "red", STATUS_SHAPE: "magenta", STATUS_NOT_COMPARABLE: "yellow",
+                 STATUS_NOT_PROVEN: "dim green"}
 
 
 fmt = fmt_number   # one rule for printing numbers (tensorprobe.numbers)
@@ -42,6 +43,7 @@ def render_diff(console: Console, report: DiffReport, *, limit: int = 40, show_a
         if hidden > 0:
             console.print(f"[dim]{hidden} more records not shown (all pass or are not notable); "
                           "--all shows every record, --json or --html everything[/]")
+    _print_floors(console, report)
     if report.amplifiers:
         console.print(_amplifier_table(report))
     _print_calls(console, report)
@@ -82,7 +84,7 @@ def _marks(report: DiffReport, p: PairResult) -> str:
 def _pairs_table(report: DiffReport, rows: list[PairResult]) -> Table:
     t = Table(show_edge=False, pad_edge=False, title="records (execution order)", title_justify="left")
     t.add_column("record  [dim]op[/]", min_width=20, overflow="fold", ratio=1)
-    for col in ("status", "SNR dB", "correlation", "max abs", "gain", "cause"):
+    for col in ("status", "SNR dB", "correlation", "max abs", "rel err", "floor", "gain", "cause"):
         t.add_column(col, no_wrap=True, justify="left" if col in ("status", "cause") else "right")
     for p in rows:
         st = _STATUS_STYLE.get(p.status, "yellow")
@@ -91,14 +93,37 @@ def _pairs_table(report: DiffReport, rows: list[PairResult]) -> Table:
         marks = _marks(report, p)
         cell += f"  [bold yellow]◀ {escape(marks)}[/]" if marks else ""
         t.add_row(cell, f"[{st}]{p.status.replace('_', ' ')}[/]", snr_cell(p), fmt_corr(p.metric("pearson")),
-                  _max_abs_cell(p), fmt(p.gain, 3), p.cause or "")
+                  _max_abs_cell(p), _rel_cell(p), fmt(p.floor, 2) if report.criteria.noise else "–",
+                  fmt(p.gain, 3), p.cause or "")
     return t
+
+
+def _rel_cell(p: PairResult) -> str:
+    """Relative L2 error, or for a pair compared by statistics its proven lower bound ('≥0.01')."""
+    if p.method == METHOD_STATS:
+        lo = p.metric("rel_l2_err_lower")
+        return f"≥{fmt(lo, 2)}" if lo else "–"
+    return fmt(p.rel_err, 2)
+
+
+def _print_floors(console: Console, report: DiffReport) -> None:
+    """Why the floor is what it is, for the records a reader looks at: the outputs and the first divergence."""
+    if not report.criteria.noise:
+        return
+    names = list(dict.fromkeys([n for n in (report.first_divergence, *report.outputs) if n]))
+    for p in (report.get(n) for n in names):
+        if p is not None and p.floor_reason and p.method not in (None, METHOD_EXACT, METHOD_DIGEST):
+            console.print(f"[dim]floor[/] {escape(p.name)} {fmt(p.floor, 2)}: {escape(p.floor_reason)}", highlight=False)
 
 
 def snr_cell(p: PairResult) -> str:
     """The SNR, or for a pair compared by statistics the proven upper bound ('≤40.0'), 'exact' for integers."""
+    if p.metric("nonfinite_cand_only") or p.metric("nonfinite_ref_only"):
+        return "[red]-inf[/]"
     if p.method == METHOD_STATS:
         lo = p.metric("rel_l2_err_lower")
+        if lo == math.inf:
+            return "[red]-inf[/]"
         return f"≤{-20 * math.log10(lo):.1f}" if lo else "[dim]stats[/]"
     if p.method == METHOD_EXACT:
         n = p.metric("mismatches")
