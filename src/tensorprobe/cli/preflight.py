@@ -1,8 +1,10 @@
 """`tensorprobe preflight TARGET --target T`: what will break when TARGET's model is ported to T; `tensorprobe stress
 TARGET --emulate fp16`: the model in the target's arithmetic; `tensorprobe rewrite TARGET`: verified rewrites.
 
-Exit codes: 0 nothing predicted to break, 1 something will (an error-level finding), 2 bad input.
-JSON schema: docs/json-preflight.md.
+Exit codes: 0 nothing predicted to break, 1 something will (an error-level finding; float32 PyTorch already
+failing on the inputs is one), 2 bad input. With --fix the fixed model is judged: 0 when every rewrite that
+applied is proven and nothing error-level is left on the fixed model (nor, with --verify, NaN/Inf when the
+target runs it), 1 when something is left. JSON schema: docs/json-preflight.md.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ def preflight_cmd(
     verify: bool = typer.Option(False, "--verify", help="Run the target where it is installed (ONNX Runtime, "
                                 "ExecuTorch, TVM; float16 in PyTorch) and mark each prediction confirmed or not."),
     fix: bool = typer.Option(False, "--fix", help="Apply the rewrites the findings point to, each only if it "
-                             "proves equivalent on TARGET's inputs."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="With --fix: export the fixed model here (.pt2)."),
+                             "proves equivalent on TARGET's inputs, and lint the fixed model again: exit 0 when "
+                             "nothing that breaks is left on it."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="With --fix: export the fixed model here (.pt2), "
+                                       "also when something is left (the exit code says so)."),
     json_out: bool = JsonOption,
 ) -> None:
-    """Predict where TARGET's model breaks on a port target, from its code (an export) and its own numbers
-    (one run on its inputs). Exits 1 when something will break."""
+    """Predict where TARGET's model breaks on a port target: first whether it already fails in float32 on its
+    inputs, then from its code (an export) and its own numbers (one run). Exits 1 when something will break;
+    with --fix, when something is left on the fixed model."""
     from ..preflight import preflight
     from ..report.preflight import render_preflight
     from ..targets import load_target

@@ -9,6 +9,7 @@ from ..errors import InputError
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
+FLOAT32 = "float32_nonfinite"    # the kind of the finding that float32 PyTorch itself already fails
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,62 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Float32Check:
+    """Whether float32 PyTorch itself already makes NaN/Inf on the inputs, before any port.
+
+    finite: every op output of the run was finite (then nothing else is set).
+    outputs_finite: the model's outputs are finite (False: the model is already broken; True with `finite`
+        False: a NaN/Inf inside is masked before the outputs).
+    origin: `tensorprobe.nan`'s `NanOrigin`: where the first non-finite value is born, with its diagnosis.
+    left_out: target findings not given because their op or norm already met a non-finite value in float32
+        (their figures would come from the finite values only, and the failure is not the target's).
+    """
+
+    finite: bool
+    outputs_finite: bool
+    origin: Any = None
+    left_out: tuple[Finding, ...] = ()
+
+    def finding(self) -> Finding | None:
+        """The finding that comes before every target finding: error when the outputs are non-finite,
+        warning when the NaN/Inf is masked before them; None when float32 is finite."""
+        if self.finite:
+            return None
+        o = self.origin
+        found = o is not None and o.found
+        stats = o.output.stats if found and o.output is not None else None
+        state = ("makes the outputs non-finite" if not self.outputs_finite else
+                 "makes NaN/Inf inside the model (masked before the outputs, which are finite)")
+        where = o.headline() if found else "the live NaN finder did not see it again (random ops drawing otherwise?)"
+        message = f"float32 PyTorch already {state} on these inputs, before any port: {where}"
+        if self.left_out:
+            message += (f"; {len(self.left_out)} target finding(s) at ops that meet these NaN/Inf in float32 are "
+                        "left out")
+        evidence = {"record": o.record if found else None, "cause": o.cause if found else None,
+                    "outputs_finite": self.outputs_finite,
+                    "channels": list(stats.nonfinite_channel_idx) if stats else [],
+                    "channel_pattern": stats.channel_pattern() if stats else None,
+                    "diagnosis": list(o.diagnosis) if found else [],
+                    "left_out": [f"{f.kind} at {f.module or '<root>'} ({f.op or ''})" for f in self.left_out]}
+        fix = ("make the model finite in float32 first (the diagnosis says why; `tensorprobe nan` shows the op): "
+               "no port can be judged while PyTorch itself fails" if not self.outputs_finite else
+               "compute the masked branch on safe values (e.g. where(mask, x, 1) before log): a masked NaN/Inf "
+               "still makes NaN gradients, and a runtime that evaluates the mask otherwise lets it through")
+        return Finding(FLOAT32, WARNING if self.outputs_finite else ERROR, message, module=(o.module or "") if found
+                       else "", source=o.source if found else None, op=o.op if found else None, evidence=evidence,
+                       fix=fix)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"finite": self.finite, "outputs_finite": self.outputs_finite,
+                "origin": self.origin.to_dict() if self.origin is not None else None,
+                "left_out": [f.to_dict() for f in self.left_out]}
+
+
+@dataclass(frozen=True)
 class PreflightReport:
-    """Everything preflight found for one target, most severe first (JSON: docs/json-preflight.md)."""
+    """Everything preflight found for one target, most severe first (JSON: docs/json-preflight.md).
+
+    The float32 finding (`FLOAT32`), when PyTorch itself already fails on the inputs, comes first."""
 
     target: Target
     findings: tuple[Finding, ...]
@@ -86,6 +141,8 @@ class PreflightReport:
     notes: tuple[str, ...] = ()
     rewrite: Any = None            # with --fix: the `RewriteResult` (its `.model` is the fixed model)
     fixed_ok: bool | None = None   # with --fix --verify: the target ran the fixed model with every value finite
+    float32: Float32Check | None = None        # None: the model was not run (numbers=False)
+    remaining: tuple[Finding, ...] | None = None   # with --fix, when a rule applied: the fixed model's findings
 
     @property
     def errors(self) -> list[Finding]:
@@ -93,25 +150,48 @@ class PreflightReport:
 
     @property
     def finding(self) -> bool:
-        """True when something is predicted to break on the target (an error-level finding)."""
+        """True when something will break: an error-level finding; after `--fix` rewrote the model, one left
+        on the fixed model (or the target, run on it with --verify, still making NaN/Inf)."""
+        if self.remaining is not None:
+            return any(f.severity == ERROR for f in self.remaining) or self.fixed_ok is False
         return bool(self.errors)
 
     def summary(self) -> str:
-        counts = {s: sum(1 for f in self.findings if f.severity == s) for s in (ERROR, WARNING, INFO)}
-        if not self.findings:
-            return f"Nothing found that would break on {self.target.name}."
-        head = (f"{counts[ERROR]} problem(s) that will break on {self.target.name}, {counts[WARNING]} that may, "
-                f"{counts[INFO]} worth knowing.")
-        return head + (f" First: {self.errors[0].message}" if self.errors else "")
+        name = self.target.name
+        f32 = [f for f in self.findings if f.kind == FLOAT32]
+        rest = [f for f in self.findings if f.kind != FLOAT32]
+        parts = [f32[0].message[0].upper() + f32[0].message[1:] + "."] if f32 else []
+        counts = {s: sum(1 for f in rest if f.severity == s) for s in (ERROR, WARNING, INFO)}
+        if not rest:
+            parts.append(f"Nothing {'else ' if f32 else ''}found that would break on {name}.")
+        else:
+            errors = [f for f in rest if f.severity == ERROR]
+            parts.append(f"{counts[ERROR]} problem(s) that will break on {name}, {counts[WARNING]} that may, "
+                         f"{counts[INFO]} worth knowing." + (f" First: {errors[0].message}" if errors else ""))
+        if self.remaining is not None:
+            parts.append(self._after_fix())
+        return " ".join(parts)
+
+    def _after_fix(self) -> str:
+        left = [f for f in self.remaining or () if f.severity == ERROR]
+        if left:
+            return f"After --fix, {len(left)} still break(s) on {self.target.name}; first: {left[0].message}"
+        if self.fixed_ok is False:
+            return f"After --fix no finding is left, but {self.target.name} still makes NaN/Inf in the fixed model."
+        ran = f", and {self.target.name} ran the fixed model with every value finite" if self.fixed_ok else ""
+        return f"After --fix nothing is left that would break on {self.target.name}{ran}."
 
     def to_dict(self) -> dict[str, Any]:
         t = self.target
         return {"target": {"name": t.name, "exporter": t.exporter, "one_pass_variance": t.one_pass_variance,
                            "dtype": t.dtype, "note": t.note},
                 "exported": self.exported, "summary": self.summary(), "finding": self.finding,
+                "float32": self.float32.to_dict() if self.float32 is not None else None,
                 "findings": [f.to_dict() for f in self.findings], "notes": list(self.notes),
-                "rewrite": self.rewrite.to_dict() if self.rewrite is not None else None, "fixed_ok": self.fixed_ok}
+                "rewrite": self.rewrite.to_dict() if self.rewrite is not None else None, "fixed_ok": self.fixed_ok,
+                "remaining": [f.to_dict() for f in self.remaining] if self.remaining is not None else None}
 
 
-def sorted_findings(findings: list[Finding]) -> tuple[Finding, ...]:
-    return tuple(sorted(findings, key=lambda f: _RANK[f.severity]))
+def sorted_findings(findings: list[Finding] | tuple[Finding, ...]) -> tuple[Finding, ...]:
+    """Most severe first; the float32 finding before everything (what PyTorch itself fails comes first)."""
+    return tuple(sorted(findings, key=lambda f: (f.kind != FLOAT32, _RANK[f.severity])))

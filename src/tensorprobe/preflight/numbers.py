@@ -7,6 +7,10 @@ arithmetic turns into failures, each with its evidence and margin.
   variance + eps (`tensorprobe.nan.diagnose.one_pass_variance_score`);
 - what the op watch sees (`watch.py`): exp overflow, float16 range, atan2 branch cuts, singular ops near
   zero, phase accumulated by cumsum, dynamic range below the smallest normal.
+
+Before any of that is judged, the same run says whether float32 PyTorch itself already makes NaN or Inf on
+these inputs (`Float32Check`): if so, `nan`'s live finder locates where it is born, that is the first finding,
+and no target finding is made at an op or norm that already met a non-finite value in float32.
 """
 
 from __future__ import annotations
@@ -18,21 +22,39 @@ import numpy as np
 import torch
 from torch import nn
 
+from torch.utils._pytree import tree_flatten
+
+from ..errors import InputError, TensorprobeError
 from ..hooks import ModuleStack, module_hooks
 from ..nan.diagnose import ONE_PASS_BACKENDS, one_pass_variance_score
 from ..numbers import fmt_number
-from .findings import ERROR, INFO, WARNING, Finding, Target
-from .watch import OpWatch
+from .findings import ERROR, INFO, WARNING, Finding, Float32Check, Target
+from .rewrite import seeded
+from .watch import OpWatch, nonfinite_count
 
 _UNIT_NAMES = {"instance": "channels", "group": "groups", "layer": "normalised rows"}
 
 
-def lint_numbers(model: nn.Module, inputs: tuple, target: Target) -> list[Finding]:
-    """Run `model(*inputs)` once (float32, on its device) and return the numerical risks for `target`."""
+def lint_numbers(model: nn.Module, inputs: tuple, target: Target) -> tuple[list[Finding], Float32Check]:
+    """Run `model(*inputs)` once (float32, on its device): the numerical risks for `target`, and whether
+    float32 itself already fails on these inputs (with `nan`'s answer for where, when it does)."""
     norms: dict[str, dict[str, Any]] = {}
     watch = OpWatch(target)
+    watch.note_nonfinite(list(inputs) + [t.detach() for t in list(model.parameters()) + list(model.buffers())])
+    outputs = _watched_forward(model, inputs, watch, norms)
+    outputs_finite = not any(nonfinite_count(t) for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor))
+    norm_kept, norm_left = _norm_findings(norms, target)
+    op_kept, op_left = watch.findings(target)
+    check = Float32Check(finite=True, outputs_finite=True)
+    if watch.nonfinite_seen or not outputs_finite:     # NaN/Inf somewhere: nan's finder says where it is born
+        check = _float32_origin(model, inputs, outputs_finite, tuple(norm_left + op_left))
+    return norm_kept + op_kept, check
+
+
+def _watched_forward(model: nn.Module, inputs: tuple, watch: OpWatch, norms: dict[str, dict[str, Any]]) -> Any:
+    """One forward under the op watch, with hooks that keep the module stack, check each module output for
+    NaN/Inf and score the inputs of the library's norms (which backends lower with their own variance)."""
     stack = ModuleStack()
-    # the library's norms, which backends lower with their own variance (a two-pass rewrite is plain ops)
     norm_kinds = {p: k for p, m in model.named_modules() if (k := _norm_kind(m))}
 
     def enter(path: str):
@@ -43,6 +65,7 @@ def lint_numbers(model: nn.Module, inputs: tuple, target: Target) -> list[Findin
     def leave(path: str):
         def hook(module, args, output):
             stack.exit(path)
+            watch.note_nonfinite(tree_flatten(output)[0])     # one sum per output until the first NaN/Inf
             if path in norm_kinds and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
                 watch.paused = True       # our own analysis ops are not the model's
                 try:
@@ -52,9 +75,22 @@ def lint_numbers(model: nn.Module, inputs: tuple, target: Target) -> list[Findin
         return hook
 
     watch.stack = stack
-    with module_hooks(model.named_modules(), pre=enter, post=leave), torch.no_grad(), watch:
-        model(*inputs)
-    return _norm_findings(norms, target) + watch.findings(target)
+    try:
+        with module_hooks(model.named_modules(), pre=enter, post=leave), torch.no_grad(), seeded(), watch:
+            return model(*inputs)
+    except TensorprobeError:
+        raise
+    except Exception as e:      # the user's model refuses these inputs: one clear line, not a traceback
+        raise InputError(f"the model's forward raised {type(e).__name__}: {e}") from None
+
+
+def _float32_origin(model: nn.Module, inputs: tuple, outputs_finite: bool, left_out: tuple) -> Float32Check:
+    """Where float32 makes its first non-finite value: `nan`'s live finder, on the same random draws."""
+    from ..nan.live import find_first_nonfinite
+
+    with seeded():
+        origin = find_first_nonfinite(model, *inputs)
+    return Float32Check(finite=False, outputs_finite=outputs_finite, origin=origin, left_out=left_out)
 
 
 def _norm_kind(m: nn.Module) -> str | None:
@@ -82,14 +118,19 @@ def _norm_input(path: str, kind: str, module: nn.Module, x: torch.Tensor, out: d
     if units is None:
         return
     eps = float(getattr(module, "eps", 1e-5))
+    bad = nonfinite_count(units)
+    if bad:          # scored on the finite units only; the finding is then left out (float32 fails here)
+        units = torch.where(torch.isfinite(units), units, torch.zeros((), dtype=units.dtype))
     score = one_pass_variance_score(units, eps)
     prev = out.get(path)
     out[path] = {"score": score if prev is None else np.maximum(prev["score"], score), "n": units.shape[-1],
-                 "eps": eps, "kind": kind}
+                 "eps": eps, "kind": kind, "nonfinite": bad + (prev["nonfinite"] if prev else 0)}
 
 
-def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> list[Finding]:
-    out = []
+def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> tuple[list[Finding], list[Finding]]:
+    """(one-pass-variance findings, those left out because the norm's float32 input held NaN/Inf)."""
+    kept: list[Finding] = []
+    left_out: list[Finding] = []
     for path, info in norms.items():
         score = info["score"]
         risky = [int(c) for c in np.argsort(-score) if score[c] > 1.0]
@@ -103,14 +144,15 @@ def _norm_findings(norms: dict[str, dict[str, Any]], target: Target) -> list[Fin
                None: f"whether {target.name} computes it that way is not known"}[target.one_pass_variance]
         units = _UNIT_NAMES[info["kind"]]
         shown = ", ".join(map(str, risky[:12])) + ("…" if len(risky) > 12 else "")
-        out.append(Finding(
+        (left_out if info["nonfinite"] else kept).append(Finding(
             "one_pass_variance", severity,
             f"{len(risky)} of {score.size} {units} of its input are nearly constant: a one-pass variance "
             f"E[x²] − E[x]² over {info['n']:,} float32 values can carry rounding up to "
             f"{fmt_number(float(score.max()), 2)}x their variance + eps (most at risk first: {shown}); {how}",
             module=path, evidence={"channels": sorted(risky), "worst_first": risky, "max_score": float(score.max()),
                                    "units": units, "values_per_channel": info["n"], "eps": info["eps"],
-                                   "one_pass_backends": ONE_PASS_BACKENDS},
+                                   "one_pass_backends": ONE_PASS_BACKENDS,
+                                   **({"nonfinite": info["nonfinite"]} if info["nonfinite"] else {})},
             fix="compute the variance as E[(x − mean)²] (two passes, or Welford), or subtract the mean before "
                 "this layer", rule="stable_norm"))
-    return out
+    return kept, left_out

@@ -236,14 +236,41 @@ def _double(inputs: tuple) -> tuple:
 
 
 def clone_module(model: nn.Module) -> nn.Module:
-    """`copy.deepcopy(model)`, also after a forward of old-style weight norm (`torch.nn.utils.weight_norm`),
-    whose computed `weight` is not a leaf tensor and refuses deepcopy. The weight norm recomputes it from
-    `weight_g` and `weight_v` before every forward, so dropping its graph changes nothing."""
+    """A deep copy of `model` that shares nothing a rewrite may change with it: not its tensors, and not the
+    classes that `torch.nn.utils.parametrize` makes for each parametrized module (`ParametrizedConv1d`).
+    `copy.deepcopy` copies instances but not classes, and `remove_parametrizations` deletes the weight's
+    property from the class: on a shared class that breaks the original ("no attribute 'weight'").
+
+    Also copies a model after a forward of old-style weight norm (`torch.nn.utils.weight_norm`), whose computed
+    `weight` is not a leaf tensor and refuses deepcopy: the copy gets that weight detached (the weight norm
+    recomputes it from `weight_g` and `weight_v` before every forward), the original keeps its own."""
+    memo: dict[int, Any] = {}
     for m in model.modules():
-        w = getattr(m, "weight", None)
+        w = m.__dict__.get("weight")         # old-style weight norm keeps its computed weight as a plain attribute
         if hasattr(m, "weight_g") and isinstance(w, torch.Tensor) and not w.is_leaf:
-            m.weight = w.detach()
-    return copy.deepcopy(model)
+            memo[id(w)] = w.detach().clone()
+    copied = copy.deepcopy(model, memo)
+    for m in copied.modules():
+        if nn.utils.parametrize.is_parametrized(m):
+            m.__class__ = _own_class(type(m))
+    return copied
+
+
+def _own_class(cls: type) -> type:
+    """A class like `cls` (same name, bases and attributes) that is no other module's."""
+    attrs = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    return type(cls.__name__, cls.__bases__, attrs)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode inside, every module's training flag as it was after."""
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        yield model.eval()
+    finally:
+        for m, training in flags:
+            m.training = training
 
 
 def _resolve(rule: str | Rule) -> tuple[str, Rule]:

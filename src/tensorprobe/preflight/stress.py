@@ -37,11 +37,12 @@ class StressReport:
     origin: Any                 # NanOrigin under emulation
     diff: Any                   # DiffReport: float32 capture vs emulated capture
     output_snr_db: float | None
+    float32_origin: Any = None  # NanOrigin of the float32 run when it already makes NaN/Inf (None: finite)
 
     @property
     def finding(self) -> bool:
-        """True when the emulated arithmetic makes a non-finite value."""
-        return bool(self.origin.found)
+        """True when the emulated arithmetic makes a non-finite value, or float32 itself already does."""
+        return bool(self.origin.found) or self.float32_origin is not None
 
     def layers(self, n: int = 10) -> list[tuple[str, float | None]]:
         """The `n` records with the lowest SNR against float32, in execution order."""
@@ -51,9 +52,12 @@ class StressReport:
         return [x for x in scored if x[0] in keep]
 
     def summary(self) -> str:
-        where = (f"In {self.emulate} the first non-finite value is born at {self.origin.op} in "
-                 f"{self.origin.module or '<root>'}." if self.origin.found else
-                 f"In {self.emulate} every value stays finite.")
+        f32, o = self.float32_origin, self.origin
+        first = f"Already non-finite in float32, before any emulation: {f32.headline()}. " if f32 is not None else ""
+        same = f32 is not None and o.found and (o.module, o.op) == (f32.module, f32.op)
+        where = (first + ("" if same else
+                          f"In {self.emulate} the first non-finite value is born at {o.op} in {o.module or '<root>'}."
+                          if o.found else f"In {self.emulate} every value stays finite."))
         snr = "" if self.output_snr_db is None else (
             f" The output differs from float32 by SNR {self.output_snr_db:.1f} dB." if math.isfinite(self.output_snr_db)
             else " The output equals float32's.")
@@ -65,7 +69,9 @@ class StressReport:
         from ..numbers import json_number
 
         return {"emulate": self.emulate, "finding": self.finding, "summary": self.summary(),
-                "origin": self.origin.to_dict(), "output_snr_db": json_number(self.output_snr_db),
+                "origin": self.origin.to_dict(),
+                "float32_origin": self.float32_origin.to_dict() if self.float32_origin is not None else None,
+                "output_snr_db": json_number(self.output_snr_db),
                 "worst_layers": [{"record": n, "snr_db": json_number(v)} for n, v in self.layers()]}
 
 
@@ -74,15 +80,18 @@ def stress(model: torch.nn.Module, *inputs: Any, emulate: str = "fp16") -> Stres
     from ..capture import capture
     from ..diff import diff
     from ..nan.live import find_first_nonfinite
-    from .rewrite import seeded
+    from .rewrite import eval_mode, seeded
 
     if emulate not in EMULATIONS:
         raise InputError(f"unknown emulation {emulate!r}; known: {', '.join(EMULATIONS)}")
-    model = model.eval()
-    emulated = quantize_weights(model) if emulate == "int8-weights" else model
-    with tempfile.TemporaryDirectory(prefix="tensorprobe-stress-") as d:
+    with eval_mode(model), tempfile.TemporaryDirectory(prefix="tensorprobe-stress-") as d:
+        emulated = quantize_weights(model) if emulate == "int8-weights" else model
         with seeded():      # both runs draw the same random numbers
             ref = capture(model, *inputs, level="module", keep="full", out=Path(d) / "ref")
+        float32_origin = None
+        if not all(r.stats.all_finite for r in ref):    # float32 already fails: said first, with its origin
+            with seeded():
+                float32_origin = find_first_nonfinite(model, *inputs, spread=False)
         with _arithmetic(emulate), seeded():
             cand = capture(emulated, *inputs, level="module", keep="full", out=Path(d) / "cand")
         with _arithmetic(emulate), seeded():
@@ -90,7 +99,8 @@ def stress(model: torch.nn.Module, *inputs: Any, emulate: str = "fp16") -> Stres
         report = diff(ref, cand)
         out = report.get(report.output) if report.output else None
         snr = out.metrics.get("snr_db") if out is not None else None
-    return StressReport(emulate=emulate, origin=origin, diff=report, output_snr_db=snr)
+    return StressReport(emulate=emulate, origin=origin, diff=report, output_snr_db=snr,
+                        float32_origin=float32_origin if float32_origin is not None and float32_origin.found else None)
 
 
 def quantize_weights(model: torch.nn.Module, bits: int = 8) -> torch.nn.Module:

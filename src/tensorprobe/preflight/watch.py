@@ -73,6 +73,10 @@ class OpWatch(TorchDispatchMode):
         self.paused = False
         self.seen: dict[tuple, dict[str, Any]] = {}
         self._phase = WeakTensorKeyDictionary()       # tensor → steps of the cumsum it comes from
+        self.nonfinite_seen = False                   # a watched op, a module output or a model input held NaN/Inf
+        self.broken: dict[tuple, int] = {}            # (module, op, source) → non-finite values in its operands
+        self._operands: tuple = ((), None)            # the op call being observed, and its non-finite count
+        self._operands_bad: int | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -83,15 +87,42 @@ class OpWatch(TorchDispatchMode):
             return out
         self.paused = True       # the watch's own reductions are not the model's ops
         try:
+            self._operands, self._operands_bad = (args, out), None
             self._observe(base, args, out)
         finally:
             self.paused = False
+            self._operands = ((), None)      # hold no tensor of the model's past the op
         return out
 
+    def note_nonfinite(self, tensors: Any) -> None:
+        """Check tensors the watch does not see as op outputs (module outputs, model inputs): one sum each,
+        until the first non-finite value is seen."""
+        if self.nonfinite_seen:
+            return
+        paused, self.paused = self.paused, True      # the check's own sums are not the model's ops
+        try:
+            self.nonfinite_seen = any(nonfinite_count(t) for t in tensors if isinstance(t, torch.Tensor))
+        finally:
+            self.paused = paused
+
     # -- evidence -----------------------------------------------------------------------------------------
+    def _where(self, op: str) -> tuple[str, str, str | None]:
+        return (self.stack.current[0] if self.stack else "", op, user_source_line())
+
     def _slot(self, check: str, op: str) -> dict[str, Any]:
-        module = self.stack.current[0] if self.stack else ""
-        return self.seen.setdefault((check, module, op, user_source_line()), {})
+        self._mark_operands(op)
+        return self.seen.setdefault((check, *self._where(op)), {})
+
+    def _mark_operands(self, op: str) -> None:
+        """Count the non-finite values among this op call's inputs and outputs, once per call, and only for
+        the ops a check measures."""
+        if self._operands_bad is not None:
+            return
+        self._operands_bad = sum(nonfinite_count(t) for t in op_tensors(*self._operands))
+        if self._operands_bad:
+            self.nonfinite_seen = True
+            where = self._where(op)
+            self.broken[where] = self.broken.get(where, 0) + self._operands_bad
 
     def _observe(self, base: str, args: tuple, out: Any) -> None:
         ins = [t for t in op_tensors(args) if t.is_floating_point() and t.numel()]
@@ -126,16 +157,20 @@ class OpWatch(TorchDispatchMode):
             return
         if not isinstance(operand, torch.Tensor) or not operand.is_floating_point() or not operand.numel():
             return
-        a = operand.detach().abs()
+        x = operand.detach()
+        a = x.abs()
         tiny = (a > 0) & (a < self.fmt.tiny)
         s = self._slot("near_zero", base)
         s["tiny"] = s.get("tiny", 0) + int(tiny.sum())
         s["vanish"] = s.get("vanish", 0) + int(((a > 0) & (a < self.fmt.tiny * self.fmt.unit)).sum())
         s["zeros"] = s.get("zeros", 0) + int((a == 0).sum())
+        s["negative"] = s.get("negative", 0) + int((x < 0).sum())
         s["values"] = s.get("values", 0) + a.numel()
         nonzero = a[a > 0]
         if nonzero.numel():
             s["min_abs"] = min(s.get("min_abs", math.inf), float(nonzero.min()))
+        low, high = _finite_extent(x)
+        s["min"], s["max"] = min(s.get("min", math.inf), low), max(s.get("max", -math.inf), high)
 
     def _track_phase(self, base: str, args: tuple, ins: list, outs: list) -> None:
         if base == "cumsum" and outs:
@@ -154,6 +189,7 @@ class OpWatch(TorchDispatchMode):
                 self._phase[t] = steps
 
     def _range_floor(self, base: str, t: torch.Tensor) -> None:
+        self._mark_operands(base)     # a call that meets NaN/Inf here leaves out what finite calls found
         a = t.detach().abs()
         top = _finite_max(a)
         if not math.isfinite(top) or top <= 0 or top * self.fmt.unit >= self.fmt.tiny:
@@ -165,15 +201,20 @@ class OpWatch(TorchDispatchMode):
                 s.update(share=low / a.numel(), max_abs=top)
 
     # -- findings -----------------------------------------------------------------------------------------
-    def findings(self, target: Target) -> list[Finding]:
-        out = []
+    def findings(self, target: Target) -> tuple[list[Finding], list[Finding]]:
+        """(findings for `target`, findings left out because their op already met NaN/Inf in float32: their
+        figures would come from the finite values only, and the failure is not the target's)."""
+        kept, left_out = [], []
         for (check, module, op, source), ev in self.seen.items():
             judged = getattr(self, f"_judge_{check}")(ev, op, target)
             if judged is not None:
                 severity, kind, message, fix = judged
-                out.append(Finding(kind, severity, message, module=module, source=source, op=op,
-                                   evidence=dict(ev), fix=fix, rule="guard_atan2" if check == "atan2" else None))
-        return out
+                bad = self.broken.get((module, op, source), 0)
+                evidence = {**ev, "nonfinite": bad} if bad else dict(ev)
+                (left_out if bad else kept).append(Finding(
+                    kind, severity, message, module=module, source=source, op=op, evidence=evidence, fix=fix,
+                    rule="guard_atan2" if check == "atan2" else None))
+        return kept, left_out
 
     def _judge_exp(self, ev, op, target):
         limit, mx = math.log(self.fmt.max), ev["max_input"]
@@ -221,9 +262,11 @@ class OpWatch(TorchDispatchMode):
             severity, fate = (ERROR if singular else WARNING), f"{ev['vanish']:,} of them round to 0 in {self.fmt.name}"
         else:
             severity, fate = WARNING, "kernels that flush subnormals to zero (common on mobile CPUs and GPUs) make them 0"
+        # signed: an input that also holds negative values says so (for log, sqrt, rsqrt they are NaN already)
+        spread = f"smallest |x| {ev.get('min_abs', 0.0):.3g}, values from {ev['min']:.3g} to {ev['max']:.3g}"
         return (severity, "near_zero",
-                f"{ev['tiny']:,} values of {what} lie below {self.fmt.name}'s smallest normal {self.fmt.tiny:.3g} "
-                f"(smallest {ev.get('min_abs', 0.0):.3g}): {fate}, and {result}",
+                f"{ev['tiny']:,} values of {what} lie in magnitude below {self.fmt.name}'s smallest normal "
+                f"{self.fmt.tiny:.3g} ({spread}): {fate}, and {result}",
                 f"add an epsilon or clamp_min({self.fmt.tiny:.0e}) before {op}, or keep it in float32")
 
     def _judge_phase(self, ev, op, target):
@@ -244,7 +287,7 @@ class OpWatch(TorchDispatchMode):
     def _judge_range_floor(self, ev, op, target):
         return (WARNING, "dynamic_range",
                 f"{op} output needs more dynamic range than {self.fmt.name} has: {ev['share']:.0%} of its significant "
-                f"values (largest {ev['max_abs']:.3g}) are below its smallest normal {self.fmt.tiny:.3g}",
+                f"values (largest |x| {ev['max_abs']:.3g}) are below its smallest normal {self.fmt.tiny:.3g}",
                 "rescale this tensor (e.g. work in log space, or multiply by a power of two) or keep it in float32")
 
 
@@ -253,6 +296,27 @@ def _keep_max(slot: dict[str, Any], key: str, value: float) -> None:
 
 
 def _finite_max(t: torch.Tensor) -> float:
+    """The largest finite value (a finding at an op that met NaN/Inf is left out: see `OpWatch.findings`)."""
+    return _finite_extent(t)[1]
+
+
+def _finite_extent(t: torch.Tensor) -> tuple[float, float]:
+    """Smallest and largest finite value, signed ((inf, -inf) when there is none)."""
     t = t.detach()
-    finite = t[torch.isfinite(t)]
-    return float(finite.max()) if finite.numel() else -math.inf
+    if nonfinite_count(t):
+        t = t[torch.isfinite(t)]
+    if not t.numel():
+        return math.inf, -math.inf
+    low, high = torch.aminmax(t)
+    return float(low), float(high)
+
+
+def nonfinite_count(t: torch.Tensor) -> int:
+    """NaN and ±Inf values in `t` (0 for non-float tensors). One sum when there are none: a finite sum
+    proves every value finite; only an infinite or NaN sum pays for the exact count."""
+    if not (t.is_floating_point() or t.is_complex()) or not t.numel():
+        return 0
+    total = t.detach().sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.detach().sum()
+    if bool(torch.isfinite(total)):
+        return 0
+    return int((~torch.isfinite(t.detach())).sum())
