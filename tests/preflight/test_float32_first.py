@@ -235,3 +235,26 @@ def test_a_forward_that_raises_is_one_clear_input_error():
     model, (x,) = build_norm_net()
     with pytest.raises(InputError, match=r"the model's forward raised RuntimeError: .*channels"):
         preflight(model, x[:, :3], target="tvm", code=False)       # 3 channels into an 8-channel conv
+
+
+def test_finite_real_models_are_not_called_broken_and_an_overflowing_input_is():
+    """Two more architectures that are finite on their own inputs: the Silero VAD port (weights from the ONNX
+    file the silero-vad package ships) and the training example's mel predictor with its masked sqrt and
+    hand-written segment norm (finite forward, NaN gradient: not a forward failure). Silero fed audio in the
+    wrong units (×1e20) overflows in float32 at the power spectrum: said first, where nan finds it."""
+    pytest.importorskip("silero_vad")
+    from tensorprobe.examples import silero, training
+
+    vad, (frame, state) = silero.pytorch_port()
+    (phonemes, voiced), _ = training.batch()
+    mel = training.MelPredictor(energy=training.Energy(), norm=training.SegmentNorm())
+    for model, inputs in ((vad, (frame, state)), (mel, (phonemes, voiced))):
+        for target in ("onnx", "fp16"):
+            r = preflight(model, *inputs, target=target, code=False)
+            assert r.float32.finite and not _float32(r), r.summary()
+    loud = frame * 1e20
+    origin = find_first_nonfinite(vad, loud, state)
+    r = preflight(vad, loud, state, target="onnx", code=False)
+    first = r.findings[0]
+    assert not _outputs_finite(lambda *a: vad(*a)[0], loud, state) and r.finding
+    assert first.kind == FLOAT32 and (first.module, first.op) == (origin.module, origin.op) == ("", "aten.pow.Tensor_Scalar")
