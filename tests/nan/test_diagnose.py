@@ -370,3 +370,18 @@ def test_backward_origin_in_the_roots_forward_is_the_root_and_in_the_loss_is_the
 
     o = find_first_nonfinite_backward(nn.Linear(4, 4), (x,), loss)
     assert o.module == "loss" and "of aten.sqrt.default in the loss (loss/sqrt.0)" in o.headline()
+
+
+def test_diagnose_record_gives_a_caller_the_same_evidence_for_a_record_it_names(tmp_path):
+    from tensorprobe.errors import BundleError
+    from tensorprobe.nan import diagnose_record
+
+    torch.manual_seed(0)
+    b = tp.capture(LogThenPost(), torch.randn(1, 8, 200), level="op", keep="full", out=tmp_path / "b")
+    first = tp.find_nonfinite_in_bundle(b)
+    named = diagnose_record(b, first.record)
+    assert named.record == first.record == "<root>/log.0" and named.diagnosis == first.diagnosis
+    later = diagnose_record(b, "post/convolution.0")          # inherits NaN: its own ops, its own words
+    assert later.record == "post/convolution.0" and "log" not in " ".join(later.diagnosis)
+    with pytest.raises(BundleError, match="no record named 'nope'"):
+        diagnose_record(b, "nope")

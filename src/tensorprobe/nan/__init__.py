@@ -1,7 +1,9 @@
 """Find the op where NaN or Inf is born: in a live torch forward, or in any bundle.
 
 - `live`       `find_first_nonfinite(model, *inputs)`: a dispatch mode over one forward (torch)
-- `in_bundle`  `find_nonfinite_in_bundle(path)`: the first record born non-finite (NumPy only)
+- `in_bundle`  `find_nonfinite_in_bundle(path)`: the first record born non-finite (NumPy only);
+               `diagnose_record(bundle, name)`: the finding for a record the caller already knows
+- `computation` `OpNode`: how a value was computed, as recorded (the evidence a diagnosis may cite)
 - `diagnose`   the plain-words rules, one function each, in `RULES`
 - `origin`     `NanOrigin`, the finding
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .in_bundle import find_nonfinite_in_bundle
+from .in_bundle import diagnose_record, find_nonfinite_in_bundle
 from .origin import (CAUSE_MODEL_INPUT, CAUSE_OP, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED, CAUSE_UNTRACKED,
                      NanOrigin, Spread, TensorSummary)
 
@@ -37,4 +39,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CAUSE_MODEL_INPUT", "CAUSE_OP", "CAUSE_PARAMETER", "CAUSE_RECORD", "CAUSE_UNRECORDED", "CAUSE_UNTRACKED",
-           "NanOrigin", "Spread", "TensorSummary", "find_first_nonfinite", "find_nonfinite_in_bundle"]
+           "NanOrigin", "Spread", "TensorSummary", "diagnose_record", "find_first_nonfinite", "find_nonfinite_in_bundle"]

@@ -11,6 +11,7 @@ import re
 from dataclasses import replace
 
 from ..bundle import Bundle
+from ..errors import BundleError
 from ..ops import NAN_FREE_OPS, canonical_op
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record, module_label,
                       module_place)
@@ -53,6 +54,18 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
             return _unrecorded_origin(ctx, r)
         return _bundle_origin(ctx, r, ins)
     return NanOrigin(found=False, ops_checked=len(ctx.records), incomplete=_incomplete(b))
+
+
+def diagnose_record(bundle: Bundle | str, name: str) -> NanOrigin:
+    """The finding for record `name` taken as where NaN is born, whatever comes before it in the bundle:
+    for a caller that already knows the record (`diff`, for a pair finite on one side only). The diagnosis
+    reads the same evidence as `find_nonfinite_in_bundle` (op graph, module classes, stored values)."""
+    b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
+    ctx = _Context(b)
+    r = ctx.by_name.get(name)
+    if r is None:
+        raise BundleError(f"{b.path}: no record named {name!r}")
+    return _bundle_origin(ctx, r, [ctx.by_name[n] for n in r.inputs if n in ctx.by_name])
 
 
 class _Context:

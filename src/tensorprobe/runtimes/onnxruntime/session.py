@@ -156,7 +156,10 @@ def make_session(model: Any, threads: int | None = None, initializers: dict[str,
     opts = ort.SessionOptions()
     if initializers:
         opts.add_external_initializers(list(initializers), list(initializers.values()))
-    opts.log_severity_level = 3
+    # ERROR lines repeat what the exception says, which the CLI prints as its one line; quiet keeps FATAL only
+    from ...logs import is_quiet
+
+    opts.log_severity_level = 4 if is_quiet() else 3
     # ORT's pool threads spin after a run; meanwhile the statistics (torch, multi-threaded) wait for cores
     # those threads hold: 40x slower statistics on a 2-core machine. Let them sleep instead.
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
