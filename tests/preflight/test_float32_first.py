@@ -172,6 +172,7 @@ def test_a_nan_masked_before_the_outputs_is_a_warning_first():
     assert [f.kind for f in r.float32.left_out] == ["near_zero"]     # log of 1e-9 in float16: not judged here
 
 
+@pytest.mark.slow
 def test_kokoro_decoder_is_not_called_broken_and_its_faulty_norm_is():
     """The real Kokoro-82M decoder is finite in float32; with the broken instance-norm lowering injected
     (one-pass variance in float16, `examples.kokoro.faulty_decoder`) it is NaN, and preflight says where."""

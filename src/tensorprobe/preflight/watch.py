@@ -223,7 +223,7 @@ class OpWatch(TorchDispatchMode):
         ev["limit"] = limit
         return (ERROR if mx >= limit else WARNING, "overflow",
                 f"{op} input reaches {mx:.4g}; {self.fmt.name} overflows above {limit:.2f} (margin {limit - mx:.2f})",
-                "bound the input (clamp before exp) or compute this op in float32")
+                "bound the input (clamp before exp)" + (" or compute this op in float32" if self.reduced else ""))
 
     def _judge_range(self, ev, op, target):
         mx = ev["max_abs"]
