@@ -29,6 +29,7 @@ from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
                      STATUS_PASS, STATUS_SHAPE, Amplifier, CallSeries, Criteria, DiffReport, PairResult)
 
+TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
 MAX_AMPLIFIERS = 10
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
 INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own
@@ -53,8 +54,9 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     by_name = {r.name: r for r in ref_records}
     forward, graph_note = with_gains(forward, weights, ref_records)
     draws = UnpairedDraws(ref_bundle, cand_bundle, results)
+    unread = unread_indices(ref_records)
     forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
-                       noise=noise, reduced=reduced, draws=draws)
+                       noise=noise, reduced=reduced, draws=draws, unread=unread)
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     notes = list(notes) + ([graph_note] if graph_note else [])
     failing = [p for p in forward if p.failed]
@@ -62,6 +64,11 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     outs = [p for p in forward if p.kind == KIND_MODEL_OUTPUT] or ([output] if output is not None else [])
     if not any(o.failed and o.cause == CAUSE_RANDOM for o in outs):
         failing = [p for p in failing if p.cause != CAUSE_RANDOM]   # noise that never reaches an output leads nothing
+    failing = [p for p in failing if TAG_UNREAD not in p.tags]      # nor do flipped indices nothing reads
+    if unread_notes := [p.name for p in forward if TAG_UNREAD in p.tags]:
+        notes.append(f"{len(unread_notes):,} integer result{'s' if len(unread_notes) > 1 else ''} that no recorded op reads "
+                     f"differ{'s' if len(unread_notes) == 1 else ''} ({', '.join(unread_notes[:3])}): indices flipped by "
+                     "rounding (argmax, max-pool indices); they cannot reach the outputs, so the run does not diverge by them")
     first = first_divergence(failing, outs, forward)
     compared = [p for p in forward if p.rel_err is not None]
     worst = max(compared, key=lambda p: p.rel_err, default=None)
@@ -185,6 +192,10 @@ class _InputSources:
         self.own_weights = _module_weights(weights, ref_records)
         self.children, self.draws = _inside_calls(results)
         self.forward = {r.name for r in ref_records if r.kind in (KIND_OUTPUT, KIND_RNG)}
+        # modules that ran in the reference and have no counterpart: the candidate computed them some other way
+        # (the root's own F.linear on a classifier's weights), so their weights are read by the module around them
+        paired = {p.module for p in results if p.op.startswith("module:")}
+        self.unpaired = {r.module for r in ref_records if r.op.startswith("module:")} - paired
 
     def errors(self, p: PairResult, rel: dict[str, float], carrier: str | None,
                prev: str | None) -> list[tuple[float, str]]:
@@ -193,6 +204,8 @@ class _InputSources:
         module_level = p.op.startswith("module:")
         if module_level:
             inputs += self.own_weights.get(p.module, []) + self.children.get(p.name, [])
+            inputs += [w for m in self.unpaired if m != p.module and (not p.module or m.startswith(f"{p.module}."))
+                       for w in self.own_weights.get(m, [])]
         known = [(rel[i], i) for i in inputs if i in rel]
         if module_level and carrier and not any(i in self.forward for i in self.graph.get(p.name, ())):
             known.append((rel[carrier], carrier))   # its data came through functional code
@@ -285,7 +298,7 @@ def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[st
 def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: dict[str, Record],
              noise_rule: bool = True, quantized: dict[str, str] | None = None, *,
              noise: Mapping[str, Noise] | None = None, reduced: str | None = None,
-             draws: "UnpairedDraws | None" = None) -> list[PairResult]:
+             draws: "UnpairedDraws | None" = None, unread: frozenset[str] = frozenset()) -> list[PairResult]:
     """Give every failing pair its cause, origin and (for amplifiers) explanation (`noise` module docstring).
 
     Under the noise rule a pair that fails only its floor passes when a measurement backs a larger one
@@ -306,9 +319,21 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
         p = _classified(p, done, by_name, q_input)
         if draws is not None and p.failed and p.cause in (CAUSE_OWN, CAUSE_AMPLIFIED) and p.kind != KIND_MODEL_INPUT:
             p = draws.blame(p)
+        if p.name in unread and p.failed and p.cause == CAUSE_AMPLIFIED:
+            p = replace(p, tags=p.tags + (TAG_UNREAD,))
         done[p.name] = p
         out.append(p)
     return _promote_amplifiers(out, by_name)
+
+
+def unread_indices(ref_records: Sequence[Record]) -> frozenset[str]:
+    """Integer op results no recorded op reads (max-pool's indices beside its values, an argmax kept for
+    nothing): flips there cannot reach the outputs. Empty without an op graph (nothing is known to be unread)."""
+    if not any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS):
+        return frozenset()
+    read = {i for r in ref_records for i in r.inputs}
+    return frozenset(r.name for r in ref_records if r.kind == KIND_OUTPUT and "/" in r.name and r.name not in read
+                     and r.stats.kind in ("int", "bool"))
 
 
 def _measured(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record],
@@ -446,7 +471,8 @@ def _born_here(p: PairResult, ref_bundle: Any, cand_bundle: Any, origins: dict[s
 def _promote_amplifiers(results: list[PairResult], by_name: dict[str, Record]) -> list[PairResult]:
     """A record within its own noise (relative to near-zero values, say) can pass on more absolute error
     than the records after it can explain: the divergence starts there. It fails, as the amplifier."""
-    sources = {p.origin: p.name for p in results if p.cause == CAUSE_AMPLIFIED and p.origin != p.name}
+    sources = {p.origin: p.name for p in results if p.cause == CAUSE_AMPLIFIED and p.origin != p.name
+               and TAG_UNREAD not in p.tags}
     out = []
     for p in results:
         flips = p.angle is not None and p.angle.flips

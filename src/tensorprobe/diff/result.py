@@ -271,8 +271,9 @@ class DiffReport:
 
     def _decisive(self, p: PairResult) -> bool:
         """A failure that makes the run diverge: anything but random draws that differ without reaching
-        the model's outputs (noise multiplied by zero, a dropout mask in eval)."""
-        if not p.failed:
+        the model's outputs (noise multiplied by zero, a dropout mask in eval), and integer results that no
+        recorded op reads (tag "unread": max-pool indices flipped by rounding)."""
+        if not p.failed or "unread" in p.tags:    # flipped indices no recorded op reads (diff.analysis)
             return False
         return p.cause != "random" or p.name in self.outputs or p.name == self.output
 
