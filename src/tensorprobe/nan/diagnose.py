@@ -90,7 +90,7 @@ def exp_overflow_threshold(dtype: Any) -> float:
 # LayerNormalization. Not `Normalize` (a division by a peak) nor a weight-norm parametrization.
 _NORM_TYPE = re.compile(r"Norm(\d[dD])?$|Normalization$")
 # Where no class is known, a module whose own name says norm (`norm`, `norm1`, `layer_norm`).
-_NORM_NAME = re.compile(r"(^|_)(norm|ln|bn|in)\d*$", re.IGNORECASE)
+_NORM_NAME = re.compile(r"(^|_)(norm|ln|bn)\d*$", re.IGNORECASE)
 
 
 def is_norm_type(module_type: str) -> bool:
