@@ -8,6 +8,8 @@ import torch
 
 from tensorprobe.diff import metrics as M
 from tensorprobe.diff.db import db_error
+from tensorprobe.diff.explain import sigmoid_gain
+from tensorprobe.stats import compute_stats
 
 
 def reference(r, c):
@@ -150,3 +152,22 @@ def test_db_error_like_seed_004():
     assert db_error(logmel, logmel + 0.1, "auto").scale == "mag"  # all >= 0 here
     neg = -logmel - 1
     assert db_error(neg, neg + 0.1).scale == "ln"
+
+
+def test_the_sigmoid_gain_counts_only_what_the_output_can_show():
+    """A pitch classifier's logits reach −2,000, where σ underflows to 0 and carries no error: the gain for the
+    whole tensor's relative error is bounded by 0.224/rms(σ), not by the most negative logit."""
+    rng = np.random.default_rng(0)
+    logits = np.concatenate([rng.uniform(-2000, -20, 350), rng.uniform(-2, 2, 10)]).astype(np.float32)
+    probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    x, y = compute_stats(logits), compute_stats(probs)
+    bound = 0.224 / math.sqrt(float(np.mean(probs ** 2)))
+    assert sigmoid_gain(x) > 1000                       # the input alone: the tail's |x|
+    assert sigmoid_gain(x, y) == pytest.approx(bound, rel=1e-3)
+    # measured: a relative error e of the logits, element by element, moves the output by at most gain·e
+    e = 1e-3
+    moved = 1 / (1 + np.exp(-(logits.astype(np.float64) * (1 + e))))
+    assert np.linalg.norm(moved - probs) / np.linalg.norm(probs) <= sigmoid_gain(x, y) * e
+    # a single probability after a logit of −7 (Silero's case): the tail's own bound, |x|·(1 − σ(x)), is the tighter
+    one = np.array([-7.0], np.float32)
+    assert sigmoid_gain(compute_stats(one), compute_stats(1 / (1 + np.exp(-one)))) == pytest.approx(7.0, rel=1e-2)

@@ -140,18 +140,28 @@ def predicted_gain(rec: Record, inputs: Sequence[Record], output_index: int = 0)
     if fam == "softmax":
         return max(1.0, float(x.absmax or 0.0))
     if fam == "sigmoid":
-        return max(2.0, sigmoid_gain(x))
+        return max(2.0, sigmoid_gain(x, rec.stats))
     return 2.0  # mul, activations, copies: input errors add at most
 
 
-def sigmoid_gain(x: Any) -> float:
-    """Condition number of the sigmoid at the input's most negative value, |x|·(1 − σ(x)): in its lower tail
-    σ(x) ≈ exp(x), so a relative error e of x becomes e·|x| in the output (a VAD's probability of 1e-3 after
-    a logit of −7 carries 7× its logit's relative error). Bounded by |x|; 1 where the input is positive."""
+def sigmoid_gain(x: Any, y: Any = None) -> float:
+    """Condition number of the sigmoid for a relative error of its input, |x|·(1 − σ(x)) at the input's most
+    negative value: in its lower tail σ(x) ≈ exp(x), so a relative error e of x becomes e·|x| in the output (a
+    VAD's probability of 1e-3 after a logit of −7 carries 7× its logit's relative error). Bounded by |x|; 1 where
+    the input is positive. With the output's statistics `y`, also bounded by what the whole tensor can show:
+    each element's error is e·|x|·σ(x)·σ(−x) <= 0.224·e, so the relative L2 error of the output is at most
+    0.224·e/rms(y) (a pitch classifier's logits of −2,000 underflow to 0 and carry no error at all)."""
     lo = float(x.min) if x.min is not None else 0.0
     if not math.isfinite(lo) or lo >= 0:
         return 1.0
-    return max(1.0, min(HUGE_GAIN, -lo * (1.0 - 1.0 / (1.0 + math.exp(-max(lo, -700.0))))))
+    gain = -lo * (1.0 - 1.0 / (1.0 + math.exp(-max(lo, -700.0))))
+    out = rms(y) if y is not None else None
+    if out:
+        gain = min(gain, _SIGMOID_ELEMENT_GAIN / out)
+    return max(1.0, min(HUGE_GAIN, gain))
+
+
+_SIGMOID_ELEMENT_GAIN = 0.224   # max over t of |t|·σ(t)·σ(−t), at |t| = 1.54
 
 
 def dot_cancellation(rec: Record, inputs: Sequence[Record]) -> float | None:

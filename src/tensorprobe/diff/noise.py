@@ -311,7 +311,10 @@ def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precisio
             depth = max(depth, last_depth + 1)    # what ran just before it ran inside its call
             if taken.get(r.module, (None,))[0] != r.call:
                 taken[r.module] = (r.call, inside.pop(r.module, 0.0))
-            within = taken[r.module][1] / (rms(r.stats) or 1.0)   # relative to this output's size
+            # relative to this output's size; the ceiling (no credit) takes the largest relative error inside
+            # instead: an inner record's absolute error over a smaller output (a classifier's logits under
+            # its probabilities) is a unit mismatch, not rounding
+            within = taken[r.module][1] / (rms(r.stats) or 1.0) if credit else taken[r.module][1]
             terms.append(within)
             rounding = max(rounding, within)  # a composite's own arithmetic is what ran inside it
         if _adds(r):
@@ -332,7 +335,7 @@ def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precisio
         deepest, last_depth = max(deepest, depth), depth
         parts = r.module.split(".") if r.module else []
         level = len(parts) - (1 if r.op.startswith("module:") else 0)
-        size = expected * (rms(r.stats) or 0.0)
+        size = expected * (rms(r.stats) or 0.0) if credit else expected
         for k in range(level, -1, -1):   # the record is inside every enclosing module's call
             path = ".".join(parts[:k])
             inside[path] = max(inside.get(path, 0.0), size)
@@ -370,7 +373,7 @@ def sensitivity(r: Record, inputs: list[Record], output_index: int = 0) -> list[
     r's output, to first order, from the reference statistics (1 where nothing better is known)."""
     fam = family(r.op)
     if fam == "sigmoid" and r.stats.kind == "float":   # bounded by |x|, and the error it amplifies is rounding
-        return [sigmoid_gain(i.stats) if i.kind not in WEIGHT_KINDS else 1.0 for i in inputs]
+        return [sigmoid_gain(i.stats, r.stats) if i.kind not in WEIGHT_KINDS else 1.0 for i in inputs]
     if fam not in ("sum", "norm", "linear") or r.stats.kind != "float":
         return [1.0] * len(inputs)
     out = rms(r.stats)

@@ -61,6 +61,7 @@ class Evidence:
     output_dtype: str | None = None
     computation: tuple[OpNode | None, ...] = ()
     module: str = ""
+    running_var: TensorStats | None = None   # the norm's stored running variance (eval-mode batch norms)
 
     def __post_init__(self) -> None:
         self.op = canonical_op(self.op)
@@ -122,6 +123,20 @@ VARIANCE_ADVICE = (
     "on channels whose mean is large against their spread, made worse by reduced precision. Compute the "
     "variance as E[(x − mean)²] in float32, or avoid the backend's lowering of this normalization."
 )
+
+
+def running_variance_cause(ev: Evidence) -> str | None:
+    """An eval-mode batch norm divides by sqrt(running_var + eps), a stored buffer: negative entries there are
+    NaN channels that no arithmetic of the forward made (a broken checkpoint or conversion)."""
+    rv = ev.running_var
+    if rv is None or rv.min is None or not rv.min < 0:
+        return None
+    where = f"{ev.module}.running_var" if ev.module else "the running variance"
+    return (f"{where} holds negative values (min {rv.min:.4g}): in eval mode the normalization divides by "
+            "sqrt(running_var + eps), a stored buffer, so every channel whose running variance is negative is "
+            "NaN. Nothing in this forward computed a variance: the buffer itself is wrong — check the checkpoint "
+            "and its conversion (running_mean and running_var swapped, a sign or a log-variance stored as a "
+            "variance).")
 
 
 def statistic_cause(ev: Evidence) -> str | None:
@@ -221,6 +236,9 @@ def _rule_division(ev: Evidence) -> list[str]:
 def _rule_normalization(ev: Evidence) -> list[str]:
     if ev.op not in _NORM_OPS:
         return []
+    stored = running_variance_cause(ev)
+    if stored:
+        return [stored]
     return ["The normalization produced non-finite per-channel statistics: variance negative or zero with eps "
             "too small, or squares overflowing the dtype."]
 
@@ -270,16 +288,22 @@ def diagnose(ev: Evidence) -> list[str]:
 
 def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats],
                         output_stats: TensorStats, *, computation: tuple[OpNode | None, ...] = (),
-                        module: str = "", subject: str | None = None) -> list[str]:
+                        module: str = "", subject: str | None = None,
+                        running_var: TensorStats | None = None) -> list[str]:
     """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only).
 
     `module_type` is the class of the op's module (`module:InstanceNorm1d` for a module-level record), ""
     when unknown; `computation` how its inputs were made (`Evidence.computation`); `module` its path;
-    `subject` how the text names the record (default: the op)."""
+    `subject` how the text names the record (default: the op); `running_var` the statistics of the module's
+    stored running variance, where the bundle holds it."""
     op = canonical_op(op) if not op.startswith("module:") else op.removeprefix("module:")
-    ev = Evidence(op=op, module_type=module_type, output_stats=output_stats, computation=computation, module=module)
+    ev = Evidence(op=op, module_type=module_type, output_stats=output_stats, computation=computation, module=module,
+                  running_var=running_var)
     out = _negative_domain_from_stats(ev, input_stats)
-    if not out and output_stats.nonfinite_channels and in_normalization(ev):
+    stored = running_variance_cause(ev) if in_normalization(ev) else None
+    if stored:
+        out.insert(0, stored)
+    elif not out and output_stats.nonfinite_channels and in_normalization(ev):
         out.append(f"{VARIANCE_ADVICE} (Evidence: {normalization_reason(ev)}.)")
     if any(op.lower().startswith(p) or p in op.lower() for p in ("exp",)) and input_stats:
         mx = input_stats[0].max

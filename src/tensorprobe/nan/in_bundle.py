@@ -15,9 +15,10 @@ from ..errors import BundleError
 from ..ops import NAN_FREE_OPS, canonical_op
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record, module_label,
                       module_place)
+from ..stats import TensorStats
 from .computation import MAX_DEPTH, OpNode
 from .diagnose import (VARIANCE_ADVICE, Evidence, diagnose, diagnose_from_stats, in_normalization,
-                       normalization_input_evidence)
+                       normalization_input_evidence, running_variance_cause)
 from .origin import CAUSE_MODEL_INPUT, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED, NanOrigin, TensorSummary
 
 
@@ -89,6 +90,11 @@ class _Context:
 
     def type_of(self, r: Record) -> str:
         return self.types.get(r.module, "")
+
+    def running_var(self, module: str) -> TensorStats | None:
+        """The statistics of the module's stored running variance (`<module>.running_var`), if recorded."""
+        r = self.by_name.get(f"{module}.running_var" if module else "running_var")
+        return r.stats if r is not None and r.kind in WEIGHT_KINDS else None
 
     def computation(self, r: Record) -> tuple[OpNode | None, ...]:
         """How each input of r was computed, from the op graph the bundle recorded."""
@@ -211,14 +217,20 @@ def _bundle_origin(ctx: _Context, r: Record, ins: list[Record]) -> NanOrigin:
     b = ctx.b
     base = canonical_op(r.op)
     computation = ctx.computation(r)
+    running_var = ctx.running_var(r.module)
     if r.has_tensor and ins and all(i.has_tensor for i in ins):   # any producer: rules see canonical op names
         diagnosis = diagnose(Evidence(op=base, module_type=ctx.type_of(r), inputs=[b.numpy(i.name) for i in ins],
                                       output=b.numpy(r.name), input_dtypes=[i.dtype for i in ins],
-                                      output_dtype=r.dtype, computation=computation, module=r.module))
+                                      output_dtype=r.dtype, computation=computation, module=r.module,
+                                      running_var=running_var))
     else:
         diagnosis = diagnose_from_stats(r.op, ctx.type_of(r), [i.stats for i in ins], r.stats,
-                                        computation=computation, module=r.module, subject=_subject(ctx, r))
-    if r.stats.nonfinite_channels and not any("one-pass variance E[x²] − E[x]² (the mean" in d for d in diagnosis):
+                                        computation=computation, module=r.module, subject=_subject(ctx, r),
+                                        running_var=running_var)
+    stored = running_variance_cause(Evidence(op=base, module=r.module, running_var=running_var))
+    if stored:   # a wrong buffer, not a computed variance: the input's channels are beside the point
+        diagnosis = [d for d in diagnosis if not d.startswith(VARIANCE_ADVICE)]
+    elif r.stats.nonfinite_channels and not any("one-pass variance E[x²] − E[x]² (the mean" in d for d in diagnosis):
         evidence, measured = _normalization_evidence(ctx, r, ins)   # what the norm's input channels say
         diagnosis = evidence + [d for d in diagnosis if not (measured and d.startswith(VARIANCE_ADVICE))]
     or_born_in = None

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..hooks import ModuleStack, module_hooks, op_base_name, op_tensors, user_source_line
 from ..ops import ALIAS_OPS, canonical_op
 from ..record import module_label, record_name
-from ..stats import compute_stats
+from ..stats import TensorStats, compute_stats
 from .computation import MAX_DEPTH, OpNode
 from .diagnose import Evidence, diagnose
 from .origin import CAUSE_MODEL_INPUT, CAUSE_OP, CAUSE_PARAMETER, CAUSE_UNTRACKED, NanOrigin, Spread, TensorSummary
@@ -122,18 +122,19 @@ class _NanMode(TorchDispatchMode):
         bad = [i for i, t in enumerate(flat_out) if _has_nonfinite(t)]
         if bad:
             computation = tuple(self.graph.node(i) for i in in_ids)
-            self.origin = self._finding(func, base, module, call, k, before, flat_out, bad[0], computation)
+            self.origin = self._finding(func, base, module, call, k, before, flat_out, bad[0], computation,
+                                        _running_var(func, args, kwargs))
         else:
             self.graph.add(self.ops, base, flat_in, in_ids, flat_out)
         return out
 
-    def _finding(self, func, base, module, call, k, inputs, outputs, which, computation) -> NanOrigin:
+    def _finding(self, func, base, module, call, k, inputs, outputs, which, computation, running_var) -> NanOrigin:
         name = record_name(module, call, str(func), k, output=which if len(outputs) > 1 else None)
         out_t = outputs[which]
         tracked_bad = [i for i, t in enumerate(inputs) if _has_nonfinite(t)]
         module_type = self.module_types.get(module, "")
         ev = Evidence(op=base, module_type=module_type, inputs=list(inputs), output=out_t, computation=computation,
-                      module=module)
+                      module=module, running_var=running_var)
         diagnosis = diagnose(ev)
         cause, note = CAUSE_OP, None
         if tracked_bad:
@@ -147,6 +148,15 @@ class _NanMode(TorchDispatchMode):
             inputs=tuple(TensorSummary.of(f"input {i}", t) for i, t in enumerate(inputs)),
             output=TensorSummary.of(name, out_t), diagnosis=tuple(diagnosis), note=note,
         )
+
+
+def _running_var(func, args, kwargs) -> TensorStats | None:
+    """Statistics of a batch norm op's `running_var` argument (by its schema name), when it has one."""
+    names = [a.name for a in func._schema.arguments]
+    value = kwargs.get("running_var")
+    if value is None and "running_var" in names and names.index("running_var") < len(args):
+        value = args[names.index("running_var")]
+    return compute_stats(value.detach()) if isinstance(value, torch.Tensor) else None
 
 
 def find_first_nonfinite(model: torch.nn.Module, *inputs: Any, spread: bool = True, **kwinputs: Any) -> NanOrigin:
