@@ -148,3 +148,30 @@ def test_replay_rng_gives_the_reference_the_runtimes_draws(noisy):
     assert code == 1 and doc["first_divergence"] == "post"
     post = next(p for p in doc["diff"]["pairs"] if p["name"] == "post")
     assert post["cause"] != "random"
+
+
+class NoisyWithDeadDraw(torch.nn.Module):
+    """Adds noise to its input, and draws once more for nothing (the exporter removes that draw as dead code)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.pre = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        torch.rand_like(x)   # dead: no counterpart in the ONNX graph
+        h = self.pre(x)
+        return h + 0.1 * torch.randn_like(h)
+
+
+def test_replay_tags_only_the_draws_the_reference_took(tmp_path):
+    """With --replay-rng, a reference draw with no runtime counterpart keeps its own values and is not tagged
+    "replayed"; the draw that was taken is."""
+    from tensorprobe.bundle import Bundle
+
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    result = compare(NoisyWithDeadDraw().eval(), (x,), "onnxruntime", out=tmp_path, replay_rng=True)
+    assert result.diff.verdict == "match", result.summary
+    draws = {r.op.split(".")[1]: r for r in Bundle.open(tmp_path / "ref").records if r.kind == "rng"}
+    assert set(draws) == {"rand_like", "randn_like"}
+    assert "replayed" in draws["randn_like"].tags and "replayed" not in draws["rand_like"].tags

@@ -130,9 +130,12 @@ class _OpMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         replay = self.replay
+        replayed = False   # this draw took recorded values (a replay may leave a draw with no counterpart alone)
         if replay is not None and not self.paused and op_base_name(func) in RNG_OPS:
             name = replay.name_for(func, *self.modules.current)
+            before = len(replay.replayed)
             out = replay.take(func, args, kwargs or {}, name, user_source_line())
+            replayed = len(replay.replayed) > before
         else:
             out = func(*args, **(kwargs or {}))
         if self.paused:
@@ -153,7 +156,7 @@ class _OpMode(TorchDispatchMode):
         inputs = rec.input_names(op_tensors(args, kwargs or {}))
         source = user_source_line()
         tags = ("angle",) if base in ANGLE_OPS else ()
-        if is_rng and self.replay is not None:
+        if is_rng and replayed:
             tags += (TAG_REPLAYED,)
         multi = len(flat_out) > 1
         op = op_full_name(func)
