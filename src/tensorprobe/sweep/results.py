@@ -117,14 +117,14 @@ class SweepSummary:
     def why_sentence(self) -> str:
         """Why the sweep has a finding (exit 1): each kind of finding and how many items it holds."""
         parts = [f"{_describe(code, _WHY)} ({n} item{'s' if n != 1 else ''})"
-                 for code, n in sorted(self.why.items(), key=lambda kv: -kv[1])]
+                 for code, n in sorted(self.why.items(), key=_most_then_worst)]
         if self.failed:
             parts.append(f"failed to run ({self.failed} item{'s' if self.failed != 1 else ''})")
         return "Findings: " + "; ".join(parts) + "."
 
     def properties_sentence(self) -> str:
         parts = [f"{_describe(code, _PROPERTY)} ({n} item{'s' if n != 1 else ''})"
-                 for code, n in sorted(self.model_properties.items(), key=lambda kv: -kv[1])]
+                 for code, n in sorted(self.model_properties.items(), key=_most_then_worst)]
         return ("Properties of the model, not findings (the reference's output shares them): "
                 + "; ".join(parts) + ".")
 
@@ -175,6 +175,16 @@ _WHY = {"diverged": "diverge from the reference",
         "audio.": "the candidate's audio fails {check}, the reference's passes",
         "tts.": "the TTS stage check {check} fires"}
 _PROPERTY = {"nonfinite": "the reference makes NaN/Inf too", "audio.": "audio {check}"}
+
+
+def _most_then_worst(entry: tuple[str, int]) -> tuple[int, int, str]:
+    """Order of the headline's kinds: most items first; among equal counts, in `_WHY`'s order of gravity (a
+    divergence before an audio difference), then by name. Items finish in any order: the text must not."""
+    code, n = entry
+    gravity = list(_WHY)
+    rank = next((i for i, key in enumerate(gravity) if code == key or (key.endswith(".") and code.startswith(key))),
+                len(gravity))
+    return -n, rank, code
 
 
 def _describe(code: str, table: dict[str, str]) -> str:
