@@ -125,7 +125,7 @@ def ascend(ref_model: torch.nn.Module, runner: Any, inputs: tuple, kwinputs: dic
     if x is None:
         return Ascent(start=start.name, notes=("the reference run's module calls were not traced",))
     tested_keys = {(layer.module, layer.call): layer for layer in layers}
-    prev = layers[start.order - 1] if start.order > 0 else None
+    prev = next((x for x in reversed(layers) if x.order < start.order), None)   # the start may be a model output
     prev_span = trace.span(prev.module, prev.call) if prev is not None else None
     begin = prev_span.exit if prev_span is not None else -1
     around = [s for s in trace.spans if s.enter < x.exit and s.exit > begin and s.key not in tested_keys]

@@ -207,7 +207,7 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
     keep = accumulated is not False and (cand_model is not None or accumulated is not True)
     rng = _rng_mode(replay_rng, ref_model, runner)
     t0 = time.perf_counter()
-    own = None
+    own, cand_result = None, None
     if cand_model is not None:
         dtype, device = _param_dtype_device(getattr(cand_model, "_orig_mod", cand_model))
         cand_args, cand_kwargs = tree_map(lambda t: _cast(t, dtype, device), (inputs, kwinputs))
@@ -215,8 +215,8 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
         # Candidate first: its outputs give the accumulated error, and its calls whose inputs equal the
         # reference's need no second run (state replay keeps the generators aligned).
         initial = passes.rng_state()
-        own = passes.record_candidate(cand_model, paths, cand_args, cand_kwargs,
-                                      initial if rng == passes.RNG_STATE else None)
+        own, cand_result = passes.record_candidate(cand_model, paths, cand_args, cand_kwargs,
+                                                   initial if rng == passes.RNG_STATE else None)
     ref_pass = passes.ReferencePass(ref_model, paths, runner, criteria, keep=keep and own is None, rng=rng, own=own,
                                     floors=floors, trace=keep)
     ref_pass.run(inputs, kwinputs)
@@ -224,12 +224,14 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
     if accumulated is True and cand_model is None:
         notes.append("no accumulated error: the candidate is not a PyTorch model; pass accumulated=BUNDLE")
     elif accumulated is True and own is None:
-        acc = passes.candidate_pass(cand_model, ref_pass, cand_args, cand_kwargs, criteria)
+        acc, cand_result = passes.candidate_pass(cand_model, ref_pass, cand_args, cand_kwargs, criteria)
     elif accumulated is not True and accumulated is not False:
         bundle = accumulated if isinstance(accumulated, Bundle) else Bundle.open(accumulated)
         acc, notes = passes.accumulated_from_bundle(bundle, ref_pass, criteria)
+        cand_result = passes.bundle_model_output(bundle)
     layers = [_merge(x, acc.get(x.name)) for x in ref_pass.layers]
-    start = unexplained_start(layers) if ref_pass.trace is not None else None
+    outputs = _model_outputs(ref_model, paths, ref_pass, cand_result, criteria, floors, len(layers))
+    start = unexplained_start([*layers, *outputs]) if ref_pass.trace is not None else None
     found_above = None
     if start is not None:
         def make_pass(chosen: list[str], only: set) -> passes.ReferencePass:
@@ -245,7 +247,22 @@ def isolate(ref_model: torch.nn.Module, cand: torch.nn.Module | ModuleRunner, *i
         first_local=next((x.name for x in layers if x.local_fails), None),
         first_accumulated=next((x.name for x in layers if x.accumulated_fails), None),
         rng=rng, noise_replayed=len(ref_pass.noise) if rng == passes.RNG_TENSORS else ref_pass.rng_calls,
-        reused=ref_pass.reused, seconds=time.perf_counter() - t0, notes=tuple(notes), ascent=found_above)
+        reused=ref_pass.reused, seconds=time.perf_counter() - t0, notes=tuple(notes), ascent=found_above,
+        outputs=outputs)
+
+
+def _model_outputs(ref_model: torch.nn.Module, paths: list[str], ref_pass: passes.ReferencePass,
+                   cand_result: Any, criteria: Criteria, floors: RoundingFloors, order: int) -> tuple[LayerError, ...]:
+    """The model's outputs judged (accumulated error), unless the root is itself an isolated module or there
+    is no candidate run to compare with. `cand_result`: what the candidate returned, or a candidate bundle's
+    model outputs by record name."""
+    if cand_result is None or "" in paths:
+        return ()
+    from ..capture import output_tensors
+
+    cands = cand_result if isinstance(cand_result, passes.NamedOutputs) else dict(output_tensors(cand_result))
+    return passes.judge_model_output(output_tensors(ref_pass.result), cands, criteria, floors, order,
+                                     type(ref_model).__name__)
 
 
 def _runner(cand: Any) -> ModuleRunner:

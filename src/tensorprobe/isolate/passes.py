@@ -144,8 +144,9 @@ class OwnCall:
 
 
 def record_candidate(model: torch.nn.Module, paths: list[str], args: tuple, kwargs: dict,
-                     initial_state: tuple | None) -> dict[tuple[str, int], OwnCall]:
-    """Run the candidate model once, keeping each selected module call's inputs and outputs.
+                     initial_state: tuple | None) -> tuple[dict[tuple[str, int], OwnCall], Any]:
+    """Run the candidate model once, keeping each selected module call's inputs and outputs; returns them
+    and the model's output.
 
     With `initial_state` (the generator state now), the generators are put back to it afterwards, so
     the reference pass draws the same noise; without it, the reference draws fresh noise.
@@ -177,11 +178,11 @@ def record_candidate(model: torch.nn.Module, paths: list[str], args: tuple, kwar
     try:
         with module_hooks(((p, named[p]) for p in paths if p in named), pre=pre, post=post, pre_kwargs=True,
                           always_call=True), torch.no_grad():
-            model(*args, **kwargs)
+            output = model(*args, **kwargs)
     finally:
         if initial_state is not None:
             set_rng_state(initial_state)  # the reference then draws what the candidate drew
-    return own
+    return own, output
 
 
 def same_inputs(runner: Any, path: str, entry: OwnCall, args: tuple, kwargs: dict, state: tuple | None) -> bool:
@@ -301,6 +302,7 @@ class ReferencePass:
         self.own = own      # the candidate's own run per call (record_candidate), when it ran first
         self.reused = 0     # module calls whose local result is the candidate's own (identical inputs)
         self.failed: tuple | None = None  # (module, path, call, args, kwargs) of the first local failure
+        self.result: Any = None   # what the reference model returned
 
     @property
     def noise(self) -> list[torch.Tensor]:
@@ -317,9 +319,9 @@ class ReferencePass:
                              post_kwargs=True, always_call=True), torch.no_grad():
             if self.tap is not None:
                 with self.tap:
-                    self.model(*inputs, **kwinputs)
+                    self.result = self.model(*inputs, **kwinputs)
             else:
-                self.model(*inputs, **kwinputs)
+                self.result = self.model(*inputs, **kwinputs)
 
     def _trace_enter(self, path: str):
         def hook(module, args):
@@ -531,8 +533,9 @@ def _pair(r: torch.Tensor, c: torch.Tensor, criteria: Criteria, cdtype: str, flo
 
 
 def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple, kwargs: dict,
-                   criteria: Criteria) -> dict[str, tuple]:
-    """Run the candidate model with hooks on the same paths; compare each output with the kept reference."""
+                   criteria: Criteria) -> tuple[dict[str, tuple], Any]:
+    """Run the candidate model with hooks on the same paths; compare each output with the kept reference.
+    Returns those comparisons and the model's output."""
     named = dict(getattr(model, "_orig_mod", model).named_modules())
     out: dict[str, tuple] = {}
     calls: dict[str, int] = {}
@@ -557,11 +560,49 @@ def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple,
             if ref_pass.rng == RNG_TENSORS and ref_pass.noise:
                 from ..rng import RngReplay
                 with RngReplay(list(ref_pass.noise), cast=True):
-                    model(*args, **kwargs)
+                    output = model(*args, **kwargs)
             else:
                 if ref_pass.rng == RNG_STATE and ref_pass.initial_state is not None:
                     set_rng_state(ref_pass.initial_state)
-                model(*args, **kwargs)
+                output = model(*args, **kwargs)
     finally:
         set_rng_state(after)
-    return out
+    return out, output
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model's output
+
+
+class NamedOutputs(dict):
+    """A candidate's model outputs by record name (`output`, `output.0`, ...), as a bundle holds them."""
+
+
+def judge_model_output(refs: list[tuple[str, torch.Tensor]], cands: dict[str, torch.Tensor], criteria: Criteria,
+                       floors: RoundingFloors, order: int, module_type: str) -> tuple[LayerError, ...]:
+    """The model's own outputs (`refs`, by model-output record name), reference against the candidate's own
+    run (accumulated error only): error made in the root's forward after its last child call shows nowhere
+    else. A name the candidate lacks fails with a note."""
+    out = []
+    for i, (name, r) in enumerate(refs):
+        c = cands.get(name)
+        acc, reasons, note = None, (), None
+        if c is None:
+            note = "the candidate returned no tensor of this name"
+            reasons = (note,)
+        else:
+            acc, reasons, _ = _pair(r, c, criteria, dtype_str(c), floors.accumulated(order, r, c))
+        out.append(LayerError(name=name, module="", call=0, module_type=module_type, order=order + i,
+                              shape=tuple(r.shape), dtype=dtype_str(r),
+                              cand_dtype=dtype_str(c) if c is not None else None, accumulated=acc,
+                              accumulated_reasons=tuple(reasons), note=note))
+    return tuple(out)
+
+
+def bundle_model_output(bundle: Bundle) -> NamedOutputs | None:
+    """A captured candidate's model outputs by record name (None when the bundle kept none)."""
+    from ..record import KIND_MODEL_OUTPUT
+
+    out = NamedOutputs((rec.name, bundle.tensor(rec.name)) for rec in bundle.records
+                       if rec.kind == KIND_MODEL_OUTPUT and rec.has_tensor)
+    return out or None

@@ -83,6 +83,7 @@ class IsolateReport:
     seconds: float = 0.0
     notes: tuple[str, ...] = ()
     ascent: Ascent | None = None    # where isolate looked above the isolated modules, and what it found
+    outputs: tuple[LayerError, ...] = ()   # the model's own outputs, accumulated error only (none: not compared)
 
     @property
     def found(self) -> bool:
@@ -121,13 +122,21 @@ class IsolateReport:
         if self.ascent.found is None:
             return self.ascent.summary()
         if self.first_local is None:
-            return self.ascent.summary()
+            return self.ascent.summary() + self._output_words()
         return f"{self.ascent.summary()} Later: {leaf[0].lower()}{leaf[1:]}"
+
+    def _output_words(self) -> str:
+        """When the ascent started from the model's output: how that output differs."""
+        out = next((x for x in self.outputs if x.name == self.ascent.start), None) if self.ascent else None
+        if out is None or not out.accumulated_reasons:
+            return ""
+        return f" The model's {out.name} differs ({'; '.join(out.accumulated_reasons)})."
 
     def _leaf_summary(self, n: int) -> str:
         if self.first_local is None:
             if self.first_accumulated is None:
-                return f"No divergence: all {n} module outputs pass, locally and accumulated."
+                model = " and the model's output" if self.outputs else ""
+                return f"No divergence: all {n} module outputs{model} pass, locally and accumulated."
             return (f"No isolated module is wrong on its own: every local error passes, yet the accumulated "
                     f"error fails from {self.first_accumulated} on. The error enters outside the isolated "
                     f"modules (functional code between them) or builds up from small local errors over {n} "
@@ -148,7 +157,7 @@ class IsolateReport:
                 "seconds": self.seconds, "notes": list(self.notes),
                 "counts": {"layers": len(self.layers), "local": len(self.local_layers()),
                            "inherited": len(self.inherited_layers())},
-                "layers": [x.to_dict() for x in self.layers]}
+                "layers": [x.to_dict() for x in self.layers], "outputs": [x.to_dict() for x in self.outputs]}
 
 
 def _jmetrics(m: dict | None) -> dict | None:

@@ -61,7 +61,12 @@ def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = Fals
         table.add_row(escape(x.name), _snr(x.accumulated), _rel(x.accumulated),
                       _snr(x.local), _rel(x.local), f"[{_STYLE.get(v, '')}]{v}[/]")
         last = i
-    if rows:
+    outputs = [x for x in report.outputs if show_all or x.accumulated_fails]
+    for x in outputs:   # the model's own outputs: accumulated error only
+        v = "differs" if x.accumulated_fails else "ok"
+        table.add_row(f"{escape(x.name)} (model)", _snr(x.accumulated), _rel(x.accumulated), "", "",
+                      f"[{_STYLE[LOCAL if x.accumulated_fails else 'ok']}]{v}[/]")
+    if rows or outputs:
         out.print(table)
     if report.ascent is not None:
         _render_ascent(out, report)
