@@ -30,6 +30,9 @@ from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STA
                      STATUS_PASS, STATUS_SHAPE, Amplifier, CallSeries, Criteria, DiffReport, PairResult)
 
 TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
+# a pair whose candidate record reads a value made with quantized arithmetic that has no reference counterpart
+# (the rescale after ConvInteger): computed from quantized arithmetic though not tagged quantized itself
+TAG_READS_QUANTIZED = "reads_quantized"
 MAX_AMPLIFIERS = 10
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
 INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own
@@ -312,6 +315,8 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
     out = []
     for p in results:
         q_input = (quantized or {}).get(p.name)
+        if q_input is not None:
+            p = replace(p, tags=p.tags + (TAG_READS_QUANTIZED,))
         if noise_rule and noise is not None and p.beyond_floor:
             p = _measured(p, done, by_name, noise, reduced)
         if noise_rule and not p.failed and q_input is None and TAG_QUANTIZED not in p.tags:

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 from ..bundle import Bundle
 from ..environment import explain as explain_environment
 from ..errors import InputError
-from ..record import KIND_MODEL_OUTPUT, TAG_DERIVED, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
+from ..record import KIND_MODEL_OUTPUT, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
 from .align import Pair, Rule, align, inconsistent_order_pairs, load_rules, parse_rule, parse_rules, same_shape
@@ -217,9 +217,10 @@ def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | No
         allowed = (criteria.atol or 0.0) + (criteria.rtol or 0.0) * float(r.stats.absmax or 0.0)
         if b.max_abs_err_lower > allowed:
             reasons.append(f"max abs error at least {b.max_abs_err_lower:.3g} (statistics) > {allowed:.3g}")
-    computed = TAG_DERIVED in r.tags or TAG_DERIVED in c.tags   # recomputed: its bits may differ by rounding
+    # a fingerprint (of the bytes: same dtype only) tells only that some bit differs: it fails a weight compared
+    # exactly, never one whose floor allows a difference (dequantised from integers, derived: g·v/‖v‖)
     if r.kind in WEIGHT_KINDS and r.digest and c.digest and r.digest != c.digest and r.dtype == c.dtype \
-            and not computed:
+            and not floor:
         same = not reasons and (b.rel_err_lower or 0.0) == 0.0 and _same_values(r.stats, c.stats)
         reasons.append("values differ (content fingerprints differ)" + (
             " while every statistic is identical: a transpose or a permutation?" if same else ""))

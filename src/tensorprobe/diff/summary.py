@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from ..record import KIND_MODEL_INPUT, module_label
+from ..record import KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
+from .analysis import TAG_READS_QUANTIZED
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS,
@@ -65,15 +66,40 @@ def compared_words(r: DiffReport) -> str:
     if c["not_comparable"]:
         head += f"; {c['not_comparable']:,} not comparable"
     if c["weights"]:
-        same = c["weights_digest"] + sum(1 for p in r.weights if p.method == METHOD_ELEMENTWISE and p.passed)
-        deq = sum(1 for p in r.weights if any(t.startswith("dequantized") for t in p.tags))
-        head += f"; {c['weights']:,} weights ({same:,} identical or within rounding" if same else \
-            f"; {c['weights']:,} weights ("
-        head = head.rstrip(" (") + (f", {deq:,} dequantized from integers" if deq else "") + (")" if same or deq else "")
+        head += f"; {c['weights']:,} weights" + _weight_counts(r, c["weights_digest"])
     if r.weights_ref_only:
         head += (f"; {len(r.weights_ref_only):,} reference weights have no candidate counterpart by name or content "
                  "(exporters fold and rename weights; --map renames)")
     return head + "."
+
+
+def _weight_counts(r: DiffReport, identical: int) -> str:
+    """' (38 identical or within rounding, 7 of them dequantized from integers)': how the weights that do not
+    differ compare. Those compared by statistics only are within their conversion as far as statistics tell."""
+    same = [p for p in r.weights if p.method == METHOD_ELEMENTWISE and p.passed]
+    deq_same = sum(1 for p in same if _dequantized(p))
+    parts = []
+    if identical + len(same):
+        parts.append(f"{identical + len(same):,} identical or within rounding"
+                     + (f", {deq_same:,} of them dequantized from integers" if deq_same else ""))
+    stats = [p for p in r.weights if p.method == METHOD_STATS and not p.failed]
+    deq = [p for p in stats if _dequantized(p)]
+    converted: dict[str, int] = {}
+    for p in stats:
+        if not _dequantized(p) and p.cand_dtype != p.dtype:
+            converted[p.cand_dtype] = converted.get(p.cand_dtype, 0) + 1
+    plain = len(stats) - len(deq) - sum(converted.values())
+    if deq:
+        parts.append(f"{len(deq):,} dequantized from integers, within a quantisation step as far as statistics tell")
+    parts += [f"{n:,} converted to {dtype}, within its rounding as far as statistics tell"
+              for dtype, n in converted.items()]
+    if plain:
+        parts.append(f"{plain:,} compared by statistics only, which show no difference (not proven)")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _dequantized(p: PairResult) -> bool:
+    return any(t.startswith("dequantized") for t in p.tags)
 
 
 def summarize(r: DiffReport) -> str:
@@ -189,9 +215,10 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
             return f" {_sentence(p.explanation)}"
         return " It comes from random draws that differ between the runs (use --replay-rng)."
     if p.cause == CAUSE_QUANTIZED:
-        n = sum(1 for q in r.pairs if "quantized" in q.tags)
+        n = sum(1 for q in r.pairs if TAG_QUANTIZED in q.tags or TAG_READS_QUANTIZED in q.tags)
         return (f" {p.explanation[0].upper() + p.explanation[1:]}; {n:,} of the {len(r.pairs):,} compared records "
-                "are computed with quantized arithmetic. Judge the port by its outputs (or with --min-snr)."
+                "are computed with quantized arithmetic or from its results. Judge the port by its outputs (or with "
+                "--min-snr)."
                 if p.explanation else "")
     if p.cause == CAUSE_AMPLIFIED:
         g = f" ({gain_words(p.gain)})" if p.gain is not None and p.gain >= 1 else ""
