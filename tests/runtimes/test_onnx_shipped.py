@@ -165,6 +165,27 @@ def test_shipped_silero_int8_and_float16_ports_get_sensible_verdicts(tmp_path):
         assert all(p.cand_name.startswith("input.") == p.name.startswith("input.") for p in report.pairs)
 
 
+@pytest.mark.parametrize("fed, differs", [("same", False), ("reversed", True), ("louder", True)])
+def test_a_default_capture_keeps_the_model_inputs_so_diff_says_they_differ(tmp_path, fed, differs):
+    """The Silero port against the shipped ONNX file, both captured at the default keep (statistics): a port
+    fed another frame (reversed, or 0.1% louder) is told "the inputs already differ", not a layer's own error."""
+    from tensorprobe.examples import silero
+
+    ref = get_runtime("onnxruntime").capture_artifact(_silero("silero_vad_16k_op15.onnx"), silero.onnx_feeds(),
+                                                      tmp_path / "onnx", keep="stats")
+    inputs = [r for r in ref.records if r.kind == "model_input"]
+    assert [r.name for r in inputs] == ["input.input", "input.state", "input.sr"] and all(r.has_tensor for r in inputs)
+    model, (x, state) = silero.pytorch_port()
+    x = {"same": x, "reversed": x.flip(-1).contiguous(), "louder": x * 1.001}[fed]
+    report = tp.diff(ref, tp.capture(model, x, state, out=tmp_path / "port", keep="stats"), rules=silero.RULES)
+    pair = next(p for p in report.pairs if p.name == "input.input")
+    assert pair.failed == differs
+    if differs:
+        assert report.first_divergence == "input.input" and "model inputs already differ" in report.summary
+    else:
+        assert "inputs already differ" not in report.summary and report.first_divergence is None, report.summary
+
+
 def test_weights_in_an_external_data_file_load_from_the_models_path(tmp_path, monkeypatch):
     path = _silero("silero_vad_16k_op15.onnx")
     ext = tmp_path / "model" / "vad.onnx"

@@ -42,7 +42,7 @@ from ..bundle.writer import BundleWriter
 from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
 from ..hooks import module_types
-from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, Record, dtype_name
+from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, Record, dtype_name
 from ..stats import compute_stats, tensor_digest
 
 
@@ -236,7 +236,7 @@ class RuntimeAdapter:
                 t = _to_torch(value)
                 writer.add(Record(name=f"input.{name}", module="", op="input", order=order, shape=tuple(t.shape),
                                   dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=KIND_MODEL_INPUT),
-                           t if keep == "full" else None)
+                           t)   # always kept: `diff` tells "the inputs already differ" by their values
                 order += 1
             dtypes: set[str] = set()
             for rt in self._run(artifact, inputs, selection):
@@ -257,7 +257,9 @@ class RuntimeAdapter:
         return writer.bundle()
 
 
-_ALWAYS_KEPT = (KIND_MODEL_OUTPUT,)  # the model's own outputs keep their values whatever `keep` is
+# The model's own outputs and the random draws keep their values whatever `keep` is (model inputs too, above),
+# as a PyTorch capture keeps them: diagnosis and replay need them.
+_ALWAYS_KEPT = (KIND_MODEL_OUTPUT, KIND_RNG)
 
 
 def _name_inputs(inputs: Any) -> dict[str, Any]:
