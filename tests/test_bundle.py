@@ -82,6 +82,20 @@ def test_truncated_shard_names_the_file(tmp_path):
         Bundle.open(tmp_path / "t")
 
 
+def test_values_read_must_hold_the_nonfinite_count_their_statistics_recorded(tmp_path):
+    x = torch.randn(4, 8)
+    x[1, 2] = float("nan")
+    capture(torch.nn.Identity(), x, keep="full", out=tmp_path / "b")
+    b = Bundle.open(tmp_path / "b")
+    rec = next(r for r in b if r.kind == "model_output")
+    b.check_nonfinite(rec.name, int((~np.isfinite(b.numpy(rec.name))).sum()))     # what was recorded: quiet
+    for wrong in (0, 2):
+        with pytest.raises(BundleError, match=rf"tensors-00000\.safetensors: corrupt tensor '{rec.name}': its "
+                                              rf"stored values hold {wrong} NaN/Inf elements? where the statistics "
+                                              r"recorded at capture count 1"):
+            b.check_nonfinite(rec.name, wrong)
+
+
 def test_missing_bundle_and_not_a_bundle(tmp_path):
     with pytest.raises(BundleError, match="no such bundle"):
         Bundle.open(tmp_path / "nope")

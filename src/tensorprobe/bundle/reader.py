@@ -111,6 +111,20 @@ class Bundle:
         bfloat16 widened to float32). Does not import torch."""
         return self._source.array(self._stored(name))
 
+    def check_nonfinite(self, name: str, count: int) -> None:
+        """Raise `BundleError` when `count`, the NaN/Inf elements read from record `name`'s stored values,
+        differs from the count its statistics recorded when it was captured: the data changed since (a shard
+        overwritten or damaged), and no finding made from it would be about the model. Costs nothing: a pass
+        that reads the values (diff's kernel) counts them anyway."""
+        rec = self[name]
+        expected = rec.stats.nonfinite
+        if count == expected:
+            return
+        where = self.path / rec.shard if rec.shard and self.path.is_dir() else self.path
+        raise BundleError(f"{where}: corrupt tensor {name!r}: its stored values hold {count:,} NaN/Inf element"
+                          f"{'s' if count != 1 else ''} where the statistics recorded at capture count {expected:,} "
+                          "(the file changed after the capture; capture again)")
+
     def _stored(self, name: str) -> Record:
         rec = self[name]
         if not rec.has_tensor:

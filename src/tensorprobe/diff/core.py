@@ -174,6 +174,8 @@ def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteri
         sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r),
                           atol=(criteria.atol or 0.0) if criteria.elementwise else math.inf,
                           rtol=criteria.rtol or 0.0, angle=angle)
+    _check_read(ref_b, r, sums, sums.n_ref_finite)
+    _check_read(cand_b, c, sums, sums.n_cand_finite)
     metrics = evaluate(sums)
     angle_res = _angle_result(sums, metrics, criteria, floor) if angle else None
     db_res = db_error(rt, ct, db_scale) if db_scale is not None and not exact else None
@@ -194,6 +196,13 @@ def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteri
                           beyond_floor=beyond and len(reasons) == 1)
     return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
                       metrics=metrics, angle=angle_res, db=db_res, method=METHOD_EXACT)
+
+
+def _check_read(bundle: Bundle, rec: Record, sums: Sums, finite: float) -> None:
+    """The values read must hold the NaN/Inf count their statistics recorded (`Bundle.check_nonfinite`): a
+    corrupt shard is bad input, never a NaN finding. The kernel has counted them already."""
+    if rec.stats.kind == "float" and sums.n == rec.stats.numel:    # complex values are read as 2 floats each
+        bundle.check_nonfinite(rec.name, sums.n - int(finite))
 
 
 def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | None) -> PairResult:
