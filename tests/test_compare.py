@@ -175,3 +175,87 @@ def test_replay_tags_only_the_draws_the_reference_took(tmp_path):
     draws = {r.op.split(".")[1]: r for r in Bundle.open(tmp_path / "ref").records if r.kind == "rng"}
     assert set(draws) == {"rand_like", "randn_like"}
     assert "replayed" in draws["randn_like"].tags and "replayed" not in draws["rand_like"].tags
+
+
+# ---- bad input: one line, exit 2 ----------------------------------------------------------------------------
+BAD_INPUTS = textwrap.dedent('''
+    import torch
+    from tensorprobe.examples import silero
+
+
+    def good():
+        return silero.pytorch_port()
+
+
+    def float64_frame():          # a NumPy frame fed as is: float64 against float32 weights
+        model, (x, state) = silero.pytorch_port()
+        return model, (x.double(), state)
+
+
+    def extra_dim():
+        model, (x, state) = silero.pytorch_port()
+        return model, (x[None], state)
+
+
+    def nan_sample():
+        model, (x, state) = silero.pytorch_port()
+        x = x.clone()
+        x[0, 100] = float("nan")
+        return model, (x, state)
+
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.q = torch.nn.Linear(8, 8)
+
+        def forward(self, x, mask):
+            return torch.softmax(self.q(x) @ x.transpose(-1, -2) + mask, -1) @ x
+
+
+    def inf_mask():               # an additive attention mask: -inf on purpose
+        mask = torch.zeros(1, 5, 5)
+        mask[..., 3:] = float("-inf")
+        return Masked().eval(), (torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1)), mask)
+''')
+
+
+@pytest.fixture()
+def bad_inputs(tmp_path):
+    pytest.importorskip("silero_vad")
+    (tmp_path / "vad.py").write_text(BAD_INPUTS)
+    return tmp_path
+
+
+def _cli(cwd, *args):
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "compare", *args], capture_output=True, text=True,
+                       cwd=cwd)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("factory, words", [
+    ("float64_frame", "the model's forward raised RuntimeError"),
+    ("extra_dim", "the model's forward raised RuntimeError"),
+    ("nan_sample", "model input 0 holds NaN (1 of 512 elements, first at index (0, 100))"),
+])
+def test_a_forward_that_raises_or_nan_inputs_are_one_line_and_exit_2(bad_inputs, factory, words):
+    for extra in ((), ("--replay-rng",)):       # the runtime first: its export must not hide the error either
+        code, text = _cli(bad_inputs, f"vad.py:{factory}", *extra)
+        assert code == 2 and words in text and len(text.strip().splitlines()) == 1, text
+        assert "Traceback" not in text and "(None)" not in text and "\x1b" not in text
+
+
+def test_inputs_the_model_takes_are_compared_an_inf_mask_included(bad_inputs):
+    res = compare(*_target(bad_inputs, "good"), "onnxruntime")   # the same port, the right inputs: it runs
+    assert res.output is not None and not res.ref_nan.found
+    code, text = _cli(bad_inputs, "vad.py:inf_mask")
+    assert code == 0 and "The model inputs hold ±Inf (input.1)" in text, text
+    assert "PyTorch itself produces" not in text and "(None)" not in text
+
+
+def _target(cwd, factory):
+    from tensorprobe.targets import load_target
+
+    t = load_target(f"{cwd / 'vad.py'}:{factory}")
+    return t.model, t.args

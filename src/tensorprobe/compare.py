@@ -23,7 +23,7 @@ import torch
 
 from .bundle import Bundle
 from .errors import InputError
-from .nan import NanOrigin, find_nonfinite_in_bundle
+from .nan import CAUSE_MODEL_INPUT, NanOrigin, find_nonfinite_in_bundle
 from .ops import canonical_op
 from .record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED, parse_name
 from .rng.replay import RngReplay
@@ -104,6 +104,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
     if isinstance(inputs, dict):
         raise InputError("compare needs positional inputs (a tuple), not keyword inputs")
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    check_finite_inputs(inputs)
     adapter = get_runtime(runtime)
     adapter.require()
     adapter.check_options(runtime_options or {}, artifact=artifact is not None)
@@ -124,7 +125,8 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             cand = capture_runtime(root)
             draws = RuntimeDraws.of(cand)
         step("capturing the PyTorch reference" + (" with the runtime's random draws" if draws else ""))
-        ref = capture(model, *inputs, level="module", keep="full", out=root / "ref", replay_rng=draws)
+        ref = forward_or_input_error(capture, model, *inputs, level="module", keep="full", out=root / "ref",
+                                     replay_rng=draws)
         if not replay_rng:
             cand = capture_runtime(root)
         step("comparing")
@@ -142,6 +144,44 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             summary=_summary(runtime, report, ref_nan, cand_nan, escapes, output), notes=notes,
             output=output.to_dict() if output is not None else None,
             replayed=tuple(draws.shared) if draws else ())
+
+
+def check_finite_inputs(inputs: Sequence[Any]) -> None:
+    """InputError when a model input holds NaN: no runtime can be judged on it (every value downstream is
+    NaN on both sides, and the first non-finite value found would be the input itself). ±Inf is left alone:
+    an additive attention mask holds -inf on purpose.
+
+    >>> check_finite_inputs((torch.tensor([1.0, float("nan")]),))
+    Traceback (most recent call last):
+    ...
+    tensorprobe.errors.InputError: model input 0 holds NaN (1 of 2 elements, first at index (1,)): compare needs finite inputs; `tensorprobe nan` shows what the model makes of them
+    """
+    import numpy as np
+
+    for i, x in enumerate(inputs):
+        arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
+        if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "fc":
+            continue
+        nan = np.isnan(arr)
+        n = int(np.count_nonzero(nan))
+        if n:
+            first = tuple(int(k) for k in np.argwhere(nan)[0])
+            raise InputError(f"model input {i} holds NaN ({n} of {arr.size} elements, first at index {first}): "
+                             "compare needs finite inputs; `tensorprobe nan` shows what the model makes of them")
+
+
+def forward_or_input_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run something that runs the user's forward; an exception of the model's own code (a wrong input shape)
+    becomes one InputError line naming it, as `capture` and `nan` say it."""
+    from .errors import TensorprobeError
+
+    try:
+        return fn(*args, **kwargs)
+    except TensorprobeError:
+        raise
+    except Exception as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        raise InputError(f"the model's forward raised {type(e).__name__}: {first}".rstrip(": ")) from None
 
 
 class RuntimeDraws(RngReplay):
@@ -233,7 +273,10 @@ def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin,
         shared = (f" {runtime}'s output fails the same check ({output.both} elements non-finite on both sides): "
                   "a property of the model, not a finding of the port."
                   if output is not None and output.both and not output.one_sided else "")
-        parts.append(f"PyTorch itself produces non-finite values, first at {ref_nan.record}.{shared}")
+        if ref_nan.cause == CAUSE_MODEL_INPUT:   # ±Inf given on purpose (a mask): the same on both sides
+            parts.append(f"The model inputs hold ±Inf ({ref_nan.record}), the same for both runs.{shared}")
+        else:
+            parts.append(f"PyTorch itself produces non-finite values, first at {ref_nan.record}.{shared}")
     if report.verdict == "diverged":
         parts.append(f"{runtime} diverges from PyTorch. {report.summary}")
     elif report.verdict == "match":

@@ -270,6 +270,51 @@ def test_bad_inputs_are_one_clear_error(tiny, tmp_path):
         ort.capture_artifact(path, {"x": np.zeros((4, 8), dtype=np.int64)}, out=tmp_path / "b")
 
 
+CAPTURE_TARGETS = """
+import torch
+from tensorprobe.examples import silero
+
+
+def good():
+    return silero.pytorch_port()
+
+
+def float64_frame():          # a NumPy frame fed as is: float64 against float32 weights
+    model, (x, state) = silero.pytorch_port()
+    return model, (x.double(), state)
+
+
+class DataDependent(torch.nn.Module):   # runs in PyTorch, cannot be traced by torch.export
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x.nonzero().float().sum() * x
+
+
+def data_dependent():
+    return DataDependent().eval(), (torch.randn(3),)
+"""
+
+
+@pytest.mark.parametrize("factory, code, words, hint", [
+    ("good", 0, "wrote ", False),
+    ("float64_frame", 2, "the model's forward raised RuntimeError: ", False),   # the model's error, said as such
+    ("data_dependent", 2, "torch.onnx.export (dynamo exporter) failed: GuardOnDataDependentSymNode", True),
+])
+def test_capture_in_onnxruntime_says_a_forward_error_or_an_export_failure_in_one_line(tmp_path, factory, code,
+                                                                                    words, hint):
+    import subprocess
+    import sys
+
+    pytest.importorskip("silero_vad")
+    (tmp_path / "vad.py").write_text(CAPTURE_TARGETS)
+    p = subprocess.run([sys.executable, "-m", "tensorprobe", "capture", f"vad.py:{factory}", "--runtime",
+                        "onnxruntime", "-o", str(tmp_path / "b")], capture_output=True, text=True, cwd=tmp_path)
+    text = p.stdout + p.stderr
+    assert p.returncode == code and words in text and len(text.strip().splitlines()) == 1, text
+    assert "\x1b" not in text and ("exporter='legacy'" in text) == hint   # no log lines, no colours
+
+
 def test_missing_runtime_names_the_extra():
     class Missing(RuntimeAdapter):
         name, package, extra = "fake", "tensorprobe_no_such_runtime_pkg", "onnx"

@@ -61,14 +61,20 @@ def compare_cmd(
 
 
 def _render(res) -> None:
+    from ..nan import CAUSE_MODEL_INPUT
+
     style = "red" if res.finding else "green"
     console.print(f"[bold {style}]{escape(res.summary)}[/]")
     info = res.runtime_info
     console.print(f"runtime: {escape(str(info.get('name')))} {escape(str(info.get('version')))}"
                   + (f", exporter {escape(str(info['exporter']))}" if info.get("exporter") else ""))
-    if res.cand_nan.found:
-        console.print(f"first non-finite value in {escape(res.runtime)}: {escape(str(res.cand_nan.record))}"
-                      f" ({escape(str(res.cand_nan.op))})")
+    nan = res.cand_nan
+    if nan.found:
+        if nan.cause == CAUSE_MODEL_INPUT:
+            console.print(f"model input {escape(str(nan.record))} holds ±Inf, as given")
+        else:
+            console.print(f"first non-finite value in {escape(res.runtime)}: {escape(str(nan.record))}"
+                          + (f" ({escape(str(nan.op))})" if nan.op else ""))
     for p in _worst_pairs(res.diff.pairs):
         console.print(f"  SNR {_fmt(p.metrics.get('snr_db'))} dB  corr {_fmt(p.metrics.get('pearson'), 6)}  "
                       f"{escape(p.name)}{escape(_nonfinite(p.metrics))}")

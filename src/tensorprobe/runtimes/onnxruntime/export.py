@@ -37,25 +37,82 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     kw = {} if opset is None else {"opset_version": opset}
     sink = io.StringIO()
     model = model.eval()
+    # The forward first, in PyTorch: a model that cannot run on these inputs (a wrong shape or dtype) is
+    # that error, not an exporter's failure. The same run gives the shapes of tuple-returning modules.
+    shapes = forward_shapes(model, tuple(inputs))
     try:
-        with contextlib.redirect_stdout(sink), warnings.catch_warnings(), torch.no_grad():
+        with contextlib.redirect_stdout(sink), warnings.catch_warnings(), torch.no_grad(), _exporter_logs_quiet():
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 prog = torch.onnx.export(model, tuple(inputs), dynamo=True, input_names=names, verbose=False, **kw)
                 proto = prog.model_proto
-                _stamp_scopes(proto, prog.exported_program, model, tuple(inputs))
+                _stamp_scopes(proto, prog.exported_program, model, shapes)
                 save_model(proto, path)
             else:
                 torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, input_names=names, **kw)
-                _add_tuple_shapes(path, model, inputs)
+                _add_tuple_shapes(path, shapes)
     except (TargetError, InputError):
         raise
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         other = "legacy" if exporter == "dynamo" else "dynamo"
-        raise TargetError(f"torch.onnx.export ({exporter} exporter) failed: {first}. "
+        raise TargetError(f"torch.onnx.export ({exporter} exporter) failed: {export_failure(e)}. "
                           f"Try exporter={other!r}, or export the model yourself and capture the .onnx file") from None
     return path
+
+
+def forward_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list[list[int]]]:
+    """`tuple_output_shapes`, with an exception of the model's own forward as one InputError line."""
+    try:
+        return tuple_output_shapes(model, inputs)
+    except (TargetError, InputError):
+        raise
+    except Exception as e:
+        raise InputError(f"the model's forward raised {type(e).__name__}: {_first_line(e)} "
+                         "(run in PyTorch before exporting)") from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _first_line(e: BaseException) -> str:
+    text = _ANSI.sub("", str(e)).strip()
+    return text.splitlines()[0].strip() if text else type(e).__name__
+
+
+def export_failure(e: BaseException) -> str:
+    r"""What went wrong in an export, in one line: the root cause's message where the exporter wraps it in
+    its generic "Failed to export the model with torch.export ... Next steps" text (no terminal colours).
+
+    >>> export_failure(RuntimeError("Failed to export the model with torch.export. \x1b[96mThis is step 1/3\x1b[0m"))
+    'Failed to export the model with torch.export. This is step 1/3'
+    """
+    cause = e
+    while cause.__cause__ is not None and _first_line(cause).startswith("Failed to export"):
+        cause = cause.__cause__
+    line = _first_line(cause)
+    return f"{type(cause).__name__}: {line}" if cause is not e else line
+
+
+@contextlib.contextmanager
+def _exporter_logs_quiet():
+    """Under the CLI's quiet mode, torch's own error log lines (`E1125 ... always_classified is unsupported`)
+    and the graphs it dumps on stderr when tracing fails are the exporter talking to itself: the failure is
+    said once, in our error. Library users keep theirs."""
+    import logging
+
+    from ...logs import is_quiet
+
+    if not is_quiet():
+        yield
+        return
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
 
 
 def _input_names(model: torch.nn.Module, n: int) -> list[str]:
@@ -65,7 +122,7 @@ def _input_names(model: torch.nn.Module, n: int) -> list[str]:
     return names + [f"input_{i}" for i in range(len(names), n)]
 
 
-def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, inputs: tuple) -> None:
+def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, shapes: dict[str, list[list[int]]]) -> None:
     """Write each node's module chain into `tensorprobe.scope` metadata, named as PyTorch capture names it.
 
     Paths are canonical (a module shared by several parents keeps its first name, as in
@@ -102,17 +159,17 @@ def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, inputs: tuple) ->
             entry = node.metadata_props.add()
             entry.key, entry.value = SCOPE_KEY, json.dumps(chains[m.group(1)])
     entry = proto.metadata_props.add()
-    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(tuple_output_shapes(model, inputs))
+    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(shapes)
 
 
-def _add_tuple_shapes(path: Path, model: torch.nn.Module, inputs: tuple) -> None:
+def _add_tuple_shapes(path: Path, shapes: dict[str, list[list[int]]]) -> None:
     import json
 
     import onnx
 
     proto = onnx.load(str(path))
     entry = proto.metadata_props.add()
-    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(tuple_output_shapes(model, tuple(inputs)))
+    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(shapes)
     save_model(proto, path)
 
 
