@@ -8,6 +8,7 @@ import torch
 
 from tensorprobe import Bundle, BundleError, capture
 from tensorprobe.bundle import JOURNAL, MANIFEST, BundleWriter
+from tensorprobe.bundle.reader import load_arrays
 from tensorprobe.record import Record
 from tensorprobe.stats import compute_stats
 
@@ -129,6 +130,24 @@ def test_safetensors_dump_opens_as_bundle(tmp_path):
     safetensors.torch.save_file({"a": torch.zeros(3), "b": torch.tensor([1.0, float("inf")])}, tmp_path / "d.safetensors")
     b = Bundle.open(tmp_path / "d.safetensors")
     assert b["b"].stats.posinf == 1 and b["a"].stats.all_finite
+
+
+@pytest.mark.parametrize("content, msg", [(b"hi\n", r"not an \.npz file \(an \.npz is a zip archive of \.npy arrays; "
+                                                     r"this file starts with b'hi\\n'\)"),
+                                          (b"", "not an .npz file .* this file is empty"),
+                                          (None, r"a single \.npy array, not an \.npz file")])
+def test_a_file_that_is_not_an_npz_says_so_and_never_mentions_unpickling(tmp_path, content, msg):
+    """Before: a text file renamed .npz was "contains pickled data ... load it unsafely"."""
+    path = tmp_path / "renamed.npz"
+    if content is None:
+        np.save(tmp_path / "one.npy", np.zeros(3))
+        os.replace(tmp_path / "one.npy", path)
+    else:
+        path.write_bytes(content)
+    for read in (Bundle.open, load_arrays):
+        with pytest.raises(BundleError, match=msg) as err:
+            read(path)
+        assert "pickle" not in str(err.value) and str(err.value).startswith(str(path))
 
 
 def test_corrupt_npz(tmp_path):

@@ -46,7 +46,8 @@ from .bundle import Bundle
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import InputError
-from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_UNRECORDED,
+from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_MADE_IN,
+                     TAG_INPUTS_UNRECORDED,
                      TAG_REPLAYED, WEIGHT_KINDS, Record, dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
 from .hooks import (ModuleStack, module_tensors, module_types, op_base_name, op_full_name, op_tensors,
@@ -283,6 +284,7 @@ class Capture:
         self._handles: list[Any] = []
         self._mode: _OpMode | None = None
         self._tmpdir: tempfile.TemporaryDirectory | None = None
+        self._arrived = WeakTensorKeyDictionary()   # a tensor no record made -> the first module call it reached
 
     # ---- context manager ------------------------------------------------------------------------------
     def __enter__(self) -> "Capture":
@@ -406,6 +408,10 @@ class Capture:
     def _pre_hook(self, path: str):
         def hook(module, args, kwargs):
             call = self._modules.enter(path)
+            if self.level == "module":   # parents' pre-hooks run first: the outermost call to receive it
+                for t in module_tensors(args):
+                    if self._recorder.producer.get(t) is None and t not in self._arrived:
+                        self._arrived[t] = path
             if self.record_inputs:
                 tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
                 with self._paused():
@@ -426,14 +432,21 @@ class Capture:
             rec = self._recorder
             arg_tensors = module_tensors(args)
             inputs = rec.input_names(arg_tensors)
-            # an input no record made came from a parent's own code: `nan` must not blame this module alone
-            tags = (TAG_INPUTS_UNRECORDED,) if any(rec.producer.get(t) is None for t in arg_tensors) else ()
+            # an input no record made came from a parent's own code: `nan` must not blame this module alone, and
+            # names the module whose code made it (the parent of the outermost call that received it)
+            unrecorded = [t for t in arg_tensors if rec.producer.get(t) is None]
+            tags = (TAG_INPUTS_UNRECORDED, TAG_INPUTS_MADE_IN + _parent_path(self._arrived.get(unrecorded[0], path))) \
+                if unrecorded else ()
             with self._paused():
                 for i, t in enumerate(flat):
                     rec.record(t, name=record_name(path, call, output=i if len(flat) > 1 else None),
                                module=path, op=f"module:{type(module).__name__}", kind=KIND_OUTPUT,
                                call=call, inputs=inputs, tags=tags)
         return hook
+
+
+def _parent_path(path: str) -> str:
+    return path.rsplit(".", 1)[0] if "." in path else ""
 
 
 def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: str = "stats",

@@ -63,6 +63,9 @@ TAG_DRAWS_RANDOM = "draws_random"
 # Tag of a module-level record one of whose tensor inputs no record made (it came from code of a parent module
 # that module level does not record): NaN in it may have been born there, before the call.
 TAG_INPUTS_UNRECORDED = "inputs_unrecorded"
+# Tag prefix beside it, followed by the module path whose own code made that input ("" for the root): the parent
+# of the outermost module call that received it (it may have been handed down through several calls).
+TAG_INPUTS_MADE_IN = "inputs_made_in:"
 # The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
 OP_UNKNOWN = "tensor"
 

@@ -73,11 +73,21 @@ def test_map_and_rules_file(make_bundle, tmp_path):
 @pytest.mark.parametrize("args,msg", [(("missing_dir", "missing_dir"), "no such bundle"),
                                       (("--map", "bad(=x"), "invalid regular expression"),
                                       (("--rules", "/nonexistent/rules.txt"), "can't read rules file"),
-                                      (("--angle", "(["), "invalid regular expression")])
+                                      (("--angle", "(["), "invalid regular expression"),
+                                      (("--db", "dec.out=bogus"), "--db 'dec.out=bogus': unknown scale 'bogus'; "
+                                                                  "choose one of auto, mag, power, ln, db")])
 def test_bad_input_exits_2_with_one_line(pair, args, msg):
     full = args if args[0] == "missing_dir" else (*pair, *args)
     code, out, err = run(*full)
-    assert code == 2 and msg in err and "Traceback" not in err
+    assert code == 2 and msg in err and "Traceback" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("spec, scale", [("dec.out=ln", "ln"), ("dec.out", "ln"), ("dec.out=mag", "mag")])
+def test_a_db_scale_that_exists_is_used(pair, spec, scale):
+    """Before: a scale that names none (`=bogus`) was silently taken as part of the regex, and matched nothing."""
+    code, out, _ = run(*pair, "--db", spec, "--json")
+    p = {q["name"]: q for q in json.loads(out)["report"]["pairs"]}
+    assert p["dec.out"]["db"]["scale"] == scale and p["dec.conv"]["db"] is None
 
 
 def test_html_written(pair, tmp_path):

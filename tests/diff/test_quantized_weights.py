@@ -36,11 +36,12 @@ def _model(arch: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
 
 @pytest.fixture(scope="module")
 def int8_ports(tmp_path_factory):
-    """arch -> {(variant, keep): bundle}: the float32 file, its per-tensor and per-channel int8 ports, and an int8
-    port of a file whose conv2.weight was scaled x1.5 (crepe and convlstm)."""
+    """arch -> {(variant, keep): bundle}: the float32 file, its per-tensor and per-channel int8 ports, its float16
+    conversion, and int8 and float16 ports of a file whose conv2.weight was scaled x1.5 (crepe and convlstm)."""
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.float16 import convert_float_to_float16
 
     from tensorprobe.runtimes import get_runtime
     from tensorprobe.runtimes.onnxruntime import export_onnx
@@ -59,6 +60,8 @@ def int8_ports(tmp_path_factory):
         files = {"fp32": fp32, "int8": root / "int8.onnx", "int8_per_channel": root / "int8_pc.onnx"}
         quantize_dynamic(str(fp32), str(files["int8"]), weight_type=QuantType.QInt8)
         quantize_dynamic(str(fp32), str(files["int8_per_channel"]), weight_type=QuantType.QInt8, per_channel=True)
+        files["fp16"] = root / "fp16.onnx"
+        onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(files["fp16"]))
         wrong = [i for i in graph.graph.initializer if i.name == "conv2.weight"]
         if wrong:
             w = numpy_helper.to_array(wrong[0])
@@ -66,6 +69,8 @@ def int8_ports(tmp_path_factory):
             onnx.save(graph, str(root / "bug.onnx"))
             files["int8_wrong_weight"] = root / "bug_int8.onnx"
             quantize_dynamic(str(root / "bug.onnx"), str(files["int8_wrong_weight"]), weight_type=QuantType.QInt8)
+            files["fp16_wrong_weight"] = root / "bug_fp16.onnx"
+            onnx.save(convert_float_to_float16(graph, keep_io_types=True), str(files["fp16_wrong_weight"]))
         built[arch] = {(kind, keep): ort.capture_artifact(path, feeds, root / f"b_{kind}_{keep}", keep=keep)
                        for kind, path in files.items() for keep in KEEPS}
         return built[arch]
@@ -123,6 +128,23 @@ def test_the_quantized_count_counts_records_computed_from_quantized_values(int8_
     # the float file against itself reads nothing quantized
     assert not any("reads_quantized" in p.tags for p in tp.diff(int8_ports("crepe")["fp32", "full"],
                                                                  int8_ports("crepe")["fp32", "full"]).pairs)
+
+
+@needs_tools
+@pytest.mark.onnx
+@pytest.mark.parametrize("arch", ["crepe", "convlstm"])
+def test_weights_converted_to_float16_say_how_they_compare(int8_ports, arch):
+    """Before: "38 weights." with no word on how they compare (statistics only, another dtype)."""
+    b = int8_ports(arch)
+    r = tp.diff(b["fp32", "stats"], b["fp16", "stats"])
+    converted = [w for w in r.weights if w.cand_dtype == "float16" and not w.failed]
+    assert converted and not r.weights_differ
+    assert f"{len(r.weights):,} weights ({len(converted):,} converted to float16, within its rounding as far as " \
+           "statistics tell" in r.summary, r.summary
+    bug = tp.diff(b["fp32", "stats"], b["fp16_wrong_weight", "stats"])
+    assert [w.name for w in bug.weights_differ] == ["conv2.weight"], bug.summary
+    assert f"({len(converted) - 1:,} converted to float16" in bug.summary and "Weights differ: conv2.weight" \
+        in bug.summary
 
 
 # ---- the rule itself, on bundles a port's dump would make -----------------------------------------------------

@@ -368,7 +368,23 @@ def _open_npz(path: Path) -> Bundle:
     return Bundle(path, _plain_manifest(path, "npz file"), records, _DictSource(lambda name: npz[name]))
 
 
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")    # a zip archive's first bytes (with entries, empty)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _open_npz_file(path: Path) -> Any:
+    # np.load takes a file that is neither a zip nor an .npy for a pickle, and says "load it unsafely"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as e:
+        raise BundleError(f"{path}: can't read ({e.strerror or e})") from None
+    if head.startswith(_NPY_MAGIC):
+        raise BundleError(f"{path}: a single .npy array, not an .npz file: save named arrays with "
+                          "np.savez(path, name=array)")
+    if not head.startswith(_ZIP_MAGIC):
+        raise BundleError(f"{path}: not an .npz file (an .npz is a zip archive of .npy arrays; this file "
+                          f"{'is empty' if not head else 'starts with ' + repr(head[:4])})")
     try:
         return np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:

@@ -31,6 +31,27 @@ def _is_bundle_path(spec: str) -> bool:
         p.suffix in _BUNDLE_SUFFIXES and ":" not in spec)
 
 
+def _names_a_bundle(spec: str) -> bool:
+    """`nan SPEC` reads a bundle unless SPEC looks like a model TARGET (`file.py:factory`, a `.py` file, an
+    importable `package.module`): a path that does not exist is then "no such bundle", not a TARGET's syntax."""
+    if _is_bundle_path(spec) or Path(spec).exists() and not spec.endswith(".py"):
+        return True
+    return ":" not in spec and not spec.endswith(".py") and not _is_module(spec)
+
+
+def _is_module(spec: str) -> bool:
+    """An importable dotted module path (`tensorprobe.examples.kokoro`): a TARGET missing its `:factory`."""
+    import importlib.util
+    import re
+
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", spec):
+        return False
+    try:
+        return importlib.util.find_spec(spec) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _run_forward(what: str, fn, *args, **kwargs):
     """Run a user's forward; its own exceptions become one clear line (exit 2)."""
     try:
@@ -145,7 +166,7 @@ def nan(
         with progress(f"checking every backward op of {target}", enabled=not json_out):
             origin = _run_forward(target, find_first_nonfinite_backward, step.model, step.args, step.loss_fn,
                                   full=not stop_at_origin)
-    elif _is_bundle_path(target):
+    elif _names_a_bundle(target):
         origin = find_nonfinite_in_bundle(Bundle.open(target))
     else:
         from ..nan.live import find_first_nonfinite

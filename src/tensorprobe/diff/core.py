@@ -350,7 +350,11 @@ def _db_specs(specs: Sequence[str] | str) -> list[tuple[re.Pattern, str]]:
     out = []
     for s in specs:
         pattern, scale = s, "auto"
-        if "=" in s and s.rsplit("=", 1)[1] in DB_SCALES:
+        if "=" in s and re.fullmatch(r"\w+", tail := s.rsplit("=", 1)[1]):
+            # REGEX=SCALE: a word after the last '=' names a scale (record names hold no '='), and a word
+            # that names none is a typo, not part of the pattern
+            if tail not in DB_SCALES:
+                raise InputError(f"--db {s!r}: unknown scale {tail!r}; choose one of {', '.join(DB_SCALES)}")
             pattern, scale = s.rsplit("=", 1)
         out.append((_compile_all([pattern], "--db")[0], scale))
     return out

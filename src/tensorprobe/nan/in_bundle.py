@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..bundle import Bundle
 from ..errors import BundleError
 from ..ops import NAN_FREE_OPS, canonical_op
-from ..record import (KIND_INPUT, KIND_MODEL_INPUT, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record, module_label,
+from ..record import (KIND_INPUT, KIND_MODEL_INPUT, TAG_INPUTS_MADE_IN, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record, module_label,
                       module_place)
 from ..stats import TensorStats
 from .computation import MAX_DEPTH, OpNode
@@ -248,10 +248,13 @@ def _bundle_origin(ctx: _Context, r: Record, ins: list[Record]) -> NanOrigin:
 
 def _parent_code(ctx: _Context, r: Record) -> str | None:
     """For a module-level record one of whose inputs no record made (capture's `inputs_unrecorded` tag): the
-    parent module whose own code made that input, and may have made the NaN with it."""
+    module whose own code made that input, and may have made the NaN with it. Capture names it (`inputs_made_in:`,
+    the parent of the outermost call the input reached: the root's `sqrt` handed down through `post` to
+    `post.lin` is the root's); a bundle from before that tag names the parent."""
     if TAG_INPUTS_UNRECORDED not in r.tags or not r.module:
         return None
-    return ctx.place(_parent_of(r.module))
+    made_in = next((t[len(TAG_INPUTS_MADE_IN):] for t in r.tags if t.startswith(TAG_INPUTS_MADE_IN)), None)
+    return ctx.place(_parent_of(r.module) if made_in is None else made_in)
 
 
 def _module_level_advice(ctx: _Context, r: Record, or_born_in: str | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..record import dtype_name, module_place
+from ..record import OP_UNKNOWN, dtype_name, module_place
 from ..stats import TensorStats, compute_stats
 
 CAUSE_OP = "op"
@@ -112,6 +112,9 @@ class NanOrigin:
                     f"{self.or_born_in} that made its input{tail}")
         if self.op and self.op.startswith("module:"):
             return f"NaN/Inf born in {where}, first seen in its module output (its ops are not recorded){tail}"
+        if self.op == OP_UNKNOWN:   # a plain tensor file: its names are all we know, no op, no module
+            return (f"NaN/Inf first appears in {self.record}, the first tensor holding it in the file's order (the file "
+                    f"records no op){tail}")
         return f"NaN/Inf born at {self.op} in {where}{tail}"
 
     def summary(self) -> str:
