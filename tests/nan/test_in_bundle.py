@@ -73,6 +73,22 @@ def test_a_nan_made_in_the_roots_forward_and_handed_down_is_the_roots(tmp_path, 
     assert any("made by the code of <root> (Net) itself" in d for d in o.diagnosis)
 
 
+@pytest.mark.parametrize("where, said", [("root", "post or <root> (Net)"), ("inner", "post")])
+def test_a_bundle_without_the_tag_names_every_module_that_may_have_made_the_input(tmp_path, where, said):
+    """A bundle captured before `inputs_made_in:` was recorded: where post's own input was unrecorded too, the value
+    may have come down from the root, and both are named; where post read a recorded value, post alone made it."""
+    import json
+
+    x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(0))
+    path = tp.capture(Net(where), x, out=tmp_path / "b").path
+    manifest = json.loads((path / "manifest.json").read_text())
+    for r in manifest["records"]:
+        r["tags"] = [t for t in r.get("tags") or () if not t.startswith("inputs_made_in:")]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    o = tp.find_nonfinite_in_bundle(path)
+    assert o.record == "post.lin" and o.or_born_in == said, o.headline()
+
+
 @pytest.mark.parametrize("nested", [False, True])
 def test_a_nan_made_in_the_submodules_forward_is_that_submodules(tmp_path, nested):
     o = _origin(tmp_path, Net("inner", nested))

@@ -254,7 +254,15 @@ def _parent_code(ctx: _Context, r: Record) -> str | None:
     if TAG_INPUTS_UNRECORDED not in r.tags or not r.module:
         return None
     made_in = next((t[len(TAG_INPUTS_MADE_IN):] for t in r.tags if t.startswith(TAG_INPUTS_MADE_IN)), None)
-    return ctx.place(_parent_of(r.module) if made_in is None else made_in)
+    if made_in is not None:
+        return ctx.place(made_in)
+    # without the tag: the parent, or an ancestor further up while each one's own input was unrecorded too
+    # (the value may have been handed down through their calls)
+    places = [_parent_of(r.module)]
+    while places[-1] and any(TAG_INPUTS_UNRECORDED in x.tags for x in ctx.records
+                             if x.module == places[-1] and x.op.startswith("module:")):
+        places.append(_parent_of(places[-1]))
+    return " or ".join(ctx.place(m) for m in places)
 
 
 def _module_level_advice(ctx: _Context, r: Record, or_born_in: str | None) -> str:
