@@ -110,3 +110,58 @@ def test_quiet_file_exits_0_with_a_quiet_note_and_a_held_one_exits_1(tmp_path):
     assert res.exit_code == 1 and "stuck: channel 0 holds" in text(res)
     res = runner.invoke(app, ["audio", "check", quiet, "-t", "near_constant_std=0.001"])
     assert res.exit_code == 2 and "replaced by near_constant_db" in text(res)
+
+
+def test_diff_names_the_files_in_argument_order(tmp_path):
+    x = speechlike()
+    ref, cand = write(tmp_path / "ref.wav", x, "FLOAT"), write(tmp_path / "cand.wav", x, "FLOAT")
+    res = runner.invoke(app, ["audio", "diff", ref, cand])
+    assert res.exit_code == 0 and text(res).startswith(f"{ref} vs {cand}: identical")
+
+
+def test_diff_of_a_candidate_holding_nan_is_a_finding_not_bad_input(tmp_path):
+    """The validation's case: exit 2 ("run audio check on it first") for the very finding the tool exists for."""
+    x = speechlike()
+    y = x.copy()
+    y[100] = np.nan
+    ref, nan = write(tmp_path / "ref.wav", x, "FLOAT"), write(tmp_path / "nan.wav", y, "FLOAT")
+    res = runner.invoke(app, ["audio", "diff", ref, nan])
+    assert res.exit_code == 1, res.output
+    assert "the candidate has 1 non-finite sample (1 NaN, 0 Inf; first at t = 0.00625 s, sample 100)" in text(res)
+    res = runner.invoke(app, ["audio", "diff", nan, nan, "--json"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 1 and doc["status"] == "finding" and doc["diff"]["snr_db"] == "-inf"
+    assert doc["diff"]["non_finite"]["reference"]["count"] == doc["diff"]["non_finite"]["candidate"]["count"] == 1
+    assert doc["diff"]["reasons"][0].startswith("the reference has 1 non-finite sample")
+
+
+def test_diff_of_a_candidate_missing_half_the_audio_exits_1(tmp_path):
+    x = speechlike()
+    ref, half = write(tmp_path / "ref.wav", x, "FLOAT"), write(tmp_path / "half.wav", x[: SR // 2], "FLOAT")
+    res = runner.invoke(app, ["audio", "diff", ref, half])
+    assert res.exit_code == 1 and "(0.500 s against 1.000 s; tolerance 0.02 s): audio is missing" in text(res)
+    assert runner.invoke(app, ["audio", "diff", ref, half, "--length-tolerance", "0.6"]).exit_code == 0
+    res = runner.invoke(app, ["audio", "diff", ref, half, "--length-tolerance", "-1"])
+    assert res.exit_code == 2 and "--length-tolerance must be >= 0" in text(res)
+
+
+def test_audio_with_no_samples_is_a_finding_and_a_0_byte_file_bad_input(tmp_path):
+    """A WAV header with no audio is what a TTS run that wrote nothing leaves: exit 1, one line; a 0-byte file is
+    not audio at all: exit 2 (test_bad_input_exits_2_with_one_line)."""
+    empty = write(tmp_path / "empty.wav", np.zeros(0), "FLOAT")
+    res = runner.invoke(app, ["audio", "check", empty])
+    assert res.exit_code == 1, res.output
+    assert "error: empty: the audio has no samples" in text(res) and "skipped" not in res.output
+    res = runner.invoke(app, ["audio", "diff", write(tmp_path / "ref.wav", sine(), "FLOAT"), empty])
+    assert res.exit_code == 1 and "the candidate holds no samples" in text(res)
+
+
+def test_the_quiet_note_beside_an_error_does_not_say_not_an_error(tmp_path):
+    """dc_58.wav from the validation: a DC value at -58 dBFS with 1e-9 noise is near-constant (an error); its quiet
+    note said "not an error" under the ERROR headline."""
+    x = 10 ** (-58 / 20) + 1e-9 * np.random.default_rng(0).standard_normal(SR)
+    res = runner.invoke(app, ["audio", "check", write(tmp_path / "dc.wav", x, "FLOAT"), "--json"])
+    doc = json.loads(res.stdout)["files"][0]
+    assert res.exit_code == 1 and doc["status"] == "error"
+    assert "not an error:" not in doc["notes"][0]
+    assert doc["notes"][0].startswith("quiet: peak -58.0 dBFS") and "the errors above do not come from it" in doc["notes"][0]

@@ -78,6 +78,23 @@ def test_cli_demo_with_a_fault_exits_1():
     assert res.exit_code == 2 and "unknown fault" in res.output
 
 
+def test_cli_demo_does_not_write_nan_audio_and_says_so_with_the_report(tmp_path):
+    """--fault nan --out x.wav was exit 2, "refusing to write", and no stage report: the NaN is the finding."""
+    pytest.importorskip("kokoro")
+    from tensorprobe.cli import app
+
+    out = tmp_path / "x.wav"
+    res = CliRunner().invoke(app, ["tts", "demo", SHORT, "--fault", "nan", "--out", str(out)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 1, res.output
+    assert "first bad stage: audio" in text and "non-finite samples" in text
+    assert f"{out} was not written: 12600 of 12600 samples are non-finite (first at sample 0)" in text
+    assert not out.exists()
+    res = CliRunner().invoke(app, ["tts", "demo", SHORT, "--out", str(out), "--json"])
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 0 and doc["out"] == str(out) and doc["not_written"] is None and out.exists()
+
+
 def test_the_checker_knows_kokoros_clamp_and_faster_speech_is_not_pinned(pipeline):
     assert pipeline.checker().duration_clamp == (1, None)
     _, report = pipeline.run(SHORT, fault="pinned-durations")

@@ -387,13 +387,19 @@ def check_silence(s: _Signal, t: Thresholds) -> Verdict:
                     f"quiet: {level} (below {t.quiet_peak_dbfs:g} dBFS, not silent)" if quiet else level, **details)
 
 
-def quiet_note(s: _Signal, t: Thresholds) -> str | None:
-    """The `quiet` note of a signal whose peak is below `quiet_peak_dbfs` but not silent, else None."""
+def quiet_note(s: _Signal, t: Thresholds, beside_errors: bool = False) -> str | None:
+    """The `quiet` note of a signal whose peak is below `quiet_peak_dbfs` but not silent, else None.
+
+    Beside error verdicts it says that they are not about the level (a quiet signal fails no check for being
+    quiet: the same audio louder gets the same errors), rather than "not an error" under an ERROR headline."""
     peak, rms = _levels(s)
     if not t.silence_peak_dbfs <= dbfs(peak) < t.quiet_peak_dbfs:
         return None
-    return (f"quiet: peak {dbfs(peak):.1f} dBFS, RMS {dbfs(rms):.1f} dBFS (below {t.quiet_peak_dbfs:g} dBFS); "
-            f"not an error: the stuck and near-constant checks judge it against its own level")
+    level = f"quiet: peak {dbfs(peak):.1f} dBFS, RMS {dbfs(rms):.1f} dBFS (below {t.quiet_peak_dbfs:g} dBFS)"
+    if beside_errors:
+        return f"{level}; the level alone is not an error, and the errors above do not come from it: the same " \
+               f"audio louder gets them too"
+    return f"{level}; not an error: the stuck and near-constant checks judge it against its own level"
 
 
 def is_silent(s: _Signal, t: Thresholds) -> bool:
@@ -653,7 +659,7 @@ def check(array: Any, sample_rate: float, thresholds: Thresholds | None = None, 
     s = _Signal(x=x, finite=np.isfinite(x), sample_rate=sr, is_float=float_data if is_float is None else is_float)
     verdicts = [check_length(s, t), check_sample_rate(s, t), check_channels(s, t, layout)]
     verdicts += _signal_verdicts(s, t)
-    note = quiet_note(s, t) if s.finite.any() else None
+    note = quiet_note(s, t, any(v.status == ERROR for v in verdicts)) if s.finite.any() else None
     return AudioReport(source=source, sample_rate=sr, frames=s.frames, channels=int(x.shape[1]), layout=layout,
                        dtype=str(raw.dtype), is_float=s.is_float, verdicts=tuple(verdicts), figures=_figures(s),
                        notes=(note,) if note else ())

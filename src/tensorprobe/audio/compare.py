@@ -5,6 +5,10 @@ correlation before and after alignment, SNR, level and length differences, the l
 difference in dB (mean, median, max, worst band, worst time-frequency region) and a multi-resolution STFT
 distance. STFTs come from `scipy.signal.stft`, mel filterbanks from `librosa.filters.mel`.
 
+Three things make a difference whatever the figures say: non-finite samples (NaN/Inf) on either side (the
+figures are then taken with them set to 0, the SNR is -inf and the correlations are not given), a length
+difference above `length_tolerance_s` (20 ms; both durations are reported), and a side with no samples.
+
 The verdict is not fooled by phase. A vocoder whose sine source drifts in phase can give a waveform
 correlation near zero while its spectrogram matches and it sounds the same: that is "magnitude matches,
 phase differs" (status ok). Waveforms that correlate while one band of the spectrogram is off is a real
@@ -53,7 +57,7 @@ class DiffThresholds:
     mel_mean_db: float = 1.0      # magnitudes match when the mean |log-mel difference| is at most this ...
     mel_band_db: float = 3.0      # ... and no band (8 mel groups) has its energy off by more than this on average ...
     mel_region_db: float = 12.0   # ... and no time-frequency region is off by more than this on average
-    length_share: float = 0.05    # a length difference above this share of the reference is reported
+    length_tolerance_s: float = 0.02  # lengths differing by more than this (seconds) differ, whatever the overlap
     align_min_corr: float = 0.5   # a lag is used only if the aligned |correlation| reaches this (else lag 0)
 
 
@@ -87,6 +91,7 @@ class AudioDiff:
     reasons: tuple[str, ...]
     notes: tuple[str, ...] = ()
     names: tuple[str, str] = ("reference", "candidate")
+    non_finite: tuple["NonFinite | None", "NonFinite | None"] = (None, None)
     arrays: _Arrays | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -117,7 +122,39 @@ class AudioDiff:
                 "lag_frames": self.lag_frames, "lag_s": _jsonable(self.lag_s),
                 "corr_before": _jsonable(self.corr_before), "corr_after": _jsonable(self.corr_after),
                 "snr_db": _jsonable(self.snr_db), "level_db": _jsonable(self.level_db),
-                "mel": _deep_json(self.mel), "mrstft": _deep_json(self.mrstft), "notes": list(self.notes)}
+                "mel": _deep_json(self.mel), "mrstft": _deep_json(self.mrstft), "notes": list(self.notes),
+                "non_finite": {side: (None if nf is None else nf.to_dict())
+                               for side, nf in zip(("reference", "candidate"), self.non_finite)}}
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """The non-finite samples of one side (after the mix-down to mono), in that file's own time."""
+
+    count: int
+    nan: int
+    first_frame: int
+    sample_rate: float
+
+    @classmethod
+    def of(cls, x: np.ndarray, sample_rate: float) -> "NonFinite | None":
+        bad = ~np.isfinite(x)
+        if not bad.any():
+            return None
+        return cls(int(bad.sum()), int(np.isnan(x).sum()), int(np.argmax(bad)), float(sample_rate))
+
+    @property
+    def first_s(self) -> float:
+        return self.first_frame / self.sample_rate
+
+    def describe(self) -> str:
+        plural = "s" if self.count != 1 else ""
+        return (f"{self.count} non-finite sample{plural} ({self.nan} NaN, {self.count - self.nan} Inf; "
+                f"first at t = {self.first_s:.4g} s, sample {self.first_frame})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "nan": self.nan, "inf": self.count - self.nan,
+                "first_frame": self.first_frame, "first_s": _jsonable(self.first_s)}
 
 
 def _deep_json(v: Any) -> Any:
@@ -134,13 +171,8 @@ def _mono(x: Any, what: str) -> tuple[np.ndarray, list[str]]:
     frames, _ = to_frames(x)
     data, _ = to_unit_scale(frames)
     notes = [f"{what}: {data.shape[1]} channels mixed down to mono"] if data.shape[1] > 1 else []
-    mono = data.mean(axis=1)
-    if mono.size == 0:
-        raise InputError(f"{what} is empty: nothing to compare")
-    bad = int((~np.isfinite(mono)).sum())
-    if bad:
-        raise InputError(f"{what} has {bad} non-finite samples: run `tensorprobe audio check` on it first")
-    return mono, notes
+    with np.errstate(invalid="ignore", over="ignore"):
+        return data.mean(axis=1), notes
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -153,17 +185,64 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float | None:
 
 
 def best_lag(ref: np.ndarray, cand: np.ndarray, max_lag: int) -> int:
-    """Lag (in samples) by which `cand` is delayed against `ref`, from the FFT cross-correlation peak
-    (absolute value, so an inverted polarity still aligns), searched within ±`max_lag`."""
+    """Lag (in samples) by which `cand` is delayed against `ref`, searched within ±`max_lag`.
+
+    Two measures of each lag, both from one FFT cross-correlation (absolute value, so an inverted polarity
+    still aligns): the correlation over the whole energy of both signals, which weighs how much of the audio
+    a lag keeps (a lag that overlaps half the audio needs twice the fit; leading zeros cost nothing), and the
+    correlation of the overlapping parts alone, which says how well they fit there. The first shortlists the
+    lags within `SHORTLIST` of its best; the second chooses among them, since the first also grows with the
+    energy of whatever part of the audio a lag happens to overlap (a cut of five periods of a tone was put one
+    sample off). Among the fits as good as the best, the smallest |lag| wins: a periodic signal fits equally
+    well at every period of lag, and which of those rounding makes highest says nothing (a 220 Hz tone
+    against its first half was put 450 ms late). "As good" is `_tie_tolerance`."""
+    lags, whole, rho, overlap = _correlations(ref, cand, max_lag)
+    if whole.size == 0 or not whole.max() > 0:
+        return 0
+    fit = np.where(whole >= (1 - SHORTLIST) * whole.max(), rho, 0.0)
+    best = int(np.argmax(fit))
+    peaks = _local_maxima(fit)
+    ties = peaks[fit[peaks] >= fit[best] - _tie_tolerance(float(fit[best]), int(overlap[best]))]
+    return int(lags[ties[np.argmin(np.abs(lags[ties]))]]) if ties.size else int(lags[best])
+
+
+SHORTLIST = 0.01   # lags whose whole-signal correlation is within 1% of the best are judged by their fit
+
+
+def _correlations(ref: np.ndarray, cand: np.ndarray, max_lag: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For the lags within ±max_lag: (lags, |correlation| over both signals' whole energy, |correlation| of
+    the overlapping parts (cosine similarity; 0 where a part is all zeros), overlap length)."""
     from scipy.signal import correlate, correlation_lags
 
-    c = correlate(cand, ref, mode="full", method="fft")
+    c = np.abs(correlate(cand, ref, mode="full", method="fft"))
     lags = correlation_lags(cand.size, ref.size, mode="full")
     keep = np.abs(lags) <= max_lag
-    if not keep.any():
-        return 0
-    c, lags = np.abs(c[keep]), lags[keep]
-    return int(lags[int(np.argmax(c))]) if c.max() > 0 else 0
+    lags, c = lags[keep], c[keep]
+    lo = np.maximum(0, -lags)                            # ref[lo:hi] meets cand[lo + lag: hi + lag]
+    hi = np.maximum(lo, np.minimum(ref.size, cand.size - lags))
+    er = np.concatenate(([0.0], np.cumsum(np.square(ref))))
+    ec = np.concatenate(([0.0], np.cumsum(np.square(cand))))
+    total = math.sqrt(er[-1] * ec[-1])
+    energy = np.maximum((er[hi] - er[lo]) * (ec[hi + lags] - ec[lo + lags]), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(energy > 0, np.minimum(c / np.sqrt(energy), 1.0), 0.0)
+    return lags, (c / total if total > 0 else np.zeros_like(c)), rho, hi - lo
+
+
+def _local_maxima(x: np.ndarray) -> np.ndarray:
+    """Indices of the peaks of `x` (not their neighbours: a low tone's peak is wide, and the lag one sample
+    beside the best would otherwise tie with it)."""
+    left = np.concatenate(([True], x[1:] >= x[:-1]))
+    right = np.concatenate((x[:-1] >= x[1:], [True]))
+    return np.flatnonzero(left & right)
+
+
+def _tie_tolerance(rho: float, n: int) -> float:
+    """How far below the best correlation a peak still counts as equally good. Noise on the candidate moves
+    each peak's correlation by about sqrt(2 (1 − ρ) / n) (ρ the best correlation, n its overlap): peaks closer
+    than 5 of those are told apart by the noise, not by the signal."""
+    return 1e-4 + 5 * math.sqrt(2 * max(0.0, 1 - min(rho, 1.0)) / max(n, 1))
 
 
 def align(ref: np.ndarray, cand: np.ndarray, lag: int) -> tuple[np.ndarray, np.ndarray]:
@@ -310,8 +389,12 @@ def diff(ref: Any, cand: Any, sample_rate: float, *, cand_sample_rate: float | N
     Returns:
         `AudioDiff`: `verdict`, `label`, `reasons`, and every figure (`to_dict()` for JSON).
 
+    Non-finite samples on either side, a side with no samples, and lengths differing by more than
+    `thresholds.length_tolerance_s` make the verdict `differs` (their sentences come first in `reasons`).
+
     Raises:
-        InputError: empty or non-finite input, or a non-positive sample rate.
+        InputError: a non-positive sample rate, or two signals too short to measure (under 64 samples)
+            that differ in nothing else.
 
     Example:
         >>> import numpy as np
@@ -325,28 +408,99 @@ def diff(ref: Any, cand: Any, sample_rate: float, *, cand_sample_rate: float | N
     r, notes = _mono(ref, names[0])
     c, more = _mono(cand, names[1])
     notes += more
-    if cand_sample_rate and cand_sample_rate != sample_rate:
+    bad = (NonFinite.of(r, sample_rate), NonFinite.of(c, cand_sample_rate or sample_rate))
+    r, c = _finite_or_zero(r), _finite_or_zero(c)   # the figures are taken with them at 0; the verdict says so
+    if cand_sample_rate and cand_sample_rate != sample_rate and c.size:
         c = _resample(c, cand_sample_rate, sample_rate)
         notes.append(f"{names[1]} resampled from {cand_sample_rate:g} Hz to {sample_rate:g} Hz")
+    if min(r.size, c.size) < MIN_OVERLAP:
+        return _unmeasured(r, c, float(sample_rate), bad, notes, names, t)
     lag, more = _reliable_lag(r, c, int(max_lag_s * sample_rate), t)
     notes += more
     ra, ca = align(r, c, lag)
-    if ra.size < 64:
+    if ra.size < MIN_OVERLAP:
         raise InputError(f"after alignment only {ra.size} samples overlap: too short to compare")
     m = min(r.size, c.size)
-    identical = lag == 0 and r.size == c.size and bool(np.array_equal(r, c))
+    finite = bad == (None, None)
+    identical = finite and lag == 0 and r.size == c.size and bool(np.array_equal(r, c))
     ref_db, cand_db, hz, hop = log_mel_pair(ra, ca, sample_rate, n_mels)
     mel = mel_difference(ref_db, cand_db, hz, hop, sample_rate)
     corr = pearson(ra, ca)
     verdict, reasons = _verdict(corr, mel, identical, t)
+    verdict, reasons = _whole_signal_rules(verdict, reasons, r.size, c.size, ra.size, bad, mel["mean_db"],
+                                           sample_rate, t)
     reasons += _extra_reasons(r, c, lag, corr, sample_rate, t)
     rms_r, rms_c = float(np.sqrt(np.mean(ra ** 2))), float(np.sqrt(np.mean(ca ** 2)))
     level = 20 * math.log10(rms_c / rms_r) if rms_r > 0 and rms_c > 0 else None
     return AudioDiff(sample_rate=float(sample_rate), ref_frames=int(r.size), cand_frames=int(c.size),
-                     lag_frames=lag, corr_before=pearson(r[:m], c[:m]), corr_after=corr, snr_db=snr_db(ra, ca),
+                     lag_frames=lag, corr_before=pearson(r[:m], c[:m]) if finite else None,
+                     corr_after=corr if finite else None, snr_db=snr_db(ra, ca) if finite else -math.inf,
                      level_db=level, mel=mel, mrstft=mrstft_distance(ra, ca, sample_rate), verdict=verdict,
-                     reasons=tuple(reasons), notes=tuple(notes), names=names,
+                     reasons=tuple(reasons), notes=tuple(notes), names=names, non_finite=bad,
                      arrays=_Arrays(ra, ca, ref_db, cand_db, hop, hz))
+
+
+MIN_OVERLAP = 64   # samples: below this no spectrogram or correlation is worth giving
+
+
+def _finite_or_zero(x: np.ndarray) -> np.ndarray:
+    return x if np.isfinite(x).all() else np.where(np.isfinite(x), x, 0.0)
+
+
+def _whole_signal_rules(verdict: str, reasons: list[str], n_ref: int, n_cand: int, n_overlap: int,
+                        bad: tuple[NonFinite | None, NonFinite | None], mel_mean_db: float, sr: float,
+                        t: DiffThresholds) -> tuple[str, list[str]]:
+    """What differs whatever the aligned figures say: non-finite samples, then a length difference beyond
+    the tolerance. Their sentences go first; the figures' own reasons follow, said of the overlap."""
+    first = [s for s in (_non_finite_reason(bad), _length_finding(n_ref, n_cand, sr, t)) if s]
+    if not first:
+        return verdict, reasons
+    if bad != (None, None):   # the correlations the figures' reasons quote are not given
+        reasons = [f"with the non-finite samples set to 0, the log-mel spectrograms differ by {mel_mean_db:.2f} "
+                   f"dB on average; the SNR is -inf and no correlation is given"]
+    if abs(n_cand - n_ref) > t.length_tolerance_s * sr:
+        reasons = [f"where both have audio ({n_overlap / sr:.3f} s): {reasons[0]}", *reasons[1:]]
+    return "differs", first + reasons
+
+
+def _non_finite_reason(bad: tuple[NonFinite | None, NonFinite | None]) -> str | None:
+    ref, cand = bad
+    if ref is None and cand is None:
+        return None
+    if ref is None:
+        return f"the candidate has {cand.describe()}"
+    tail = f" and the candidate has {cand.describe()}" if cand is not None else "; the candidate has none"
+    return f"the reference has {ref.describe()}{tail}"
+
+
+def _length_finding(n_ref: int, n_cand: int, sr: float, t: DiffThresholds) -> str | None:
+    """A length difference beyond `length_tolerance_s`: the differences a faithful port makes (a frame of
+    padding, a resampler's rounding) are a few ms whatever the length, and audio missing from a long file is
+    as much a fault as from a short one, so the tolerance is absolute."""
+    delta = n_cand - n_ref
+    if abs(delta) <= t.length_tolerance_s * sr:
+        return None
+    what = "shorter than the reference" if delta < 0 else "longer than the reference"
+    why = "audio is missing" if delta < 0 else "it holds audio the reference does not"
+    return (f"the candidate is {abs(delta) / sr:.3f} s {what} ({n_cand / sr:.3f} s against {n_ref / sr:.3f} s; "
+            f"tolerance {t.length_tolerance_s:g} s): {why}")
+
+
+def _unmeasured(r: np.ndarray, c: np.ndarray, sr: float, bad: tuple[NonFinite | None, NonFinite | None],
+                notes: list[str], names: tuple[str, str], t: DiffThresholds) -> AudioDiff:
+    """A side too short for any figure: a finding when a side is empty, holds non-finite samples or the
+    lengths differ beyond the tolerance; otherwise there is nothing to judge (bad input)."""
+    sides = [(side, x.size) for side, x in (("reference", r), ("candidate", c)) if x.size < MIN_OVERLAP]
+    short = [f"the {side} holds no samples" if n == 0 else
+             f"the {side} has only {n} samples ({n / sr * 1000:.1f} ms): too short to measure" for side, n in sides]
+    findings = [s for s in (_non_finite_reason(bad), _length_finding(r.size, c.size, sr, t)) if s]
+    if not findings and min(r.size, c.size) > 0:
+        side, n = sides[0]
+        raise InputError(f"the {side} has only {n} samples: too short to compare (at least {MIN_OVERLAP} needed)")
+    return AudioDiff(sample_rate=sr, ref_frames=int(r.size), cand_frames=int(c.size), lag_frames=0,
+                     corr_before=None, corr_after=None, snr_db=-math.inf if bad != (None, None) else None,
+                     level_db=None, mel={}, mrstft={}, verdict="differs", reasons=tuple(short + findings),
+                     notes=tuple(notes), names=names, non_finite=bad)
 
 
 def _reliable_lag(r: np.ndarray, c: np.ndarray, max_lag: int, t: DiffThresholds) -> tuple[int, list[str]]:
@@ -370,8 +524,9 @@ def _extra_reasons(r: np.ndarray, c: np.ndarray, lag: int, corr: float | None, s
                    f"({abs(lag) / sr * 1000:.1f} ms) later; figures are after alignment")
     if corr is not None and corr < 0 and abs(corr) >= t.wave_corr:
         out.append("polarity is inverted (aligned correlation is negative)")
-    if abs(c.size - r.size) > t.length_share * r.size:
-        out.append(f"lengths differ by {c.size - r.size:+d} samples ({(c.size - r.size) / sr:+.3f} s)")
+    if 0 < abs(c.size - r.size) <= t.length_tolerance_s * sr:
+        out.append(f"lengths differ by {c.size - r.size:+d} samples ({(c.size - r.size) / sr:+.3f} s), within "
+                   f"the {t.length_tolerance_s:g} s tolerance")
     return out
 
 

@@ -1,8 +1,9 @@
 """`tensorprobe audio check FILE...` and `tensorprobe audio diff REF CAND`: thin wrappers over
 `tensorprobe.audio.check_file` and `tensorprobe.audio.diff`.
 
-Exit codes: 0 clean (warnings allowed), 1 an error-level verdict (check) or a real difference (diff),
-2 bad input (missing, empty or unreadable file, bad --threshold).
+Exit codes: 0 clean (warnings allowed), 1 an error-level verdict (check; audio with no samples is one) or a
+real difference (diff; NaN/Inf samples, no samples, or lengths differing beyond the tolerance are one), 2 bad
+input (missing, 0-byte or unreadable file, bad --threshold).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import List, Optional
 import typer
 from rich.markup import escape
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_OK, TensorprobeError
+from ..errors import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
 from ._common import JsonOption, app, console, emit_json, err_console, fail
 
 audio_app = typer.Typer(help="Check audio files for silent failures; compare two audios.", no_args_is_help=True)
@@ -70,17 +71,22 @@ def diff_cmd(
     mel_mean_db: Optional[float] = typer.Option(None, "--mel-mean-db",
                                                 help="Mean |log-mel difference| (dB) that still counts as a "
                                                      "magnitude match (default 1.0)."),
+    length_tolerance: Optional[float] = typer.Option(None, "--length-tolerance", metavar="SECONDS",
+                                                     help="Lengths differing by more than this are a difference "
+                                                          "(default 0.02)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Compare CAND with REF: lag, correlation, SNR, log-mel and multi-resolution STFT differences, and a
-    verdict that tells a phase-only difference from a real one. Exits 1 on a real difference."""
+    verdict that tells a phase-only difference from a real one. Exits 1 on a real difference (NaN/Inf samples,
+    an empty side and a length difference above --length-tolerance are one)."""
     from ..audio import DiffThresholds, diff, load
     from ..report.audio import render_audio_diff, write_diff_html
 
     try:
         r, c = load(ref), load(cand)
         d = diff(r.data, c.data, r.sample_rate, cand_sample_rate=c.sample_rate, max_lag_s=max_lag,
-                 thresholds=_diff_thresholds(DiffThresholds, wave_corr, mel_mean_db), names=(str(ref), str(cand)))
+                 thresholds=_diff_thresholds(DiffThresholds, wave_corr=wave_corr, mel_mean_db=mel_mean_db,
+                                             length_tolerance_s=length_tolerance), names=(str(ref), str(cand)))
         if html is not None:
             write_diff_html(d, html)
     except TensorprobeError as e:
@@ -96,6 +102,7 @@ def diff_cmd(
     raise typer.Exit(EXIT_FINDING if d.status == "finding" else EXIT_OK)
 
 
-def _diff_thresholds(cls, wave_corr: float | None, mel_mean_db: float | None):
-    given = {k: v for k, v in {"wave_corr": wave_corr, "mel_mean_db": mel_mean_db}.items() if v is not None}
-    return cls(**given)
+def _diff_thresholds(cls, **options: float | None):
+    if (options.get("length_tolerance_s") or 0) < 0:
+        raise InputError(f"--length-tolerance must be >= 0 seconds, got {options['length_tolerance_s']:g}")
+    return cls(**{k: v for k, v in options.items() if v is not None})

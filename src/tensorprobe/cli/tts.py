@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from ..errors import EXIT_FINDING, EXIT_OK, InputError, TensorprobeError
 from ._common import JsonOption, app, console, emit_json, fail
@@ -17,15 +18,18 @@ tts_app = typer.Typer(help="Check every stage of a TTS pipeline (text → phonem
 app.add_typer(tts_app, name="tts")
 
 
-def _finish(report, json_out: bool, command: str, extra: dict | None = None) -> None:
+def _finish(report, json_out: bool, command: str, extra: dict | None = None, finding: str | None = None) -> None:
+    """Print the report (and `finding`, a line about what the report's errors led to); exit 1 on either."""
     from ..report.tts import render_stage_report
 
-    status = "finding" if report.errors else "ok"
+    found = bool(report.errors) or finding is not None
     if json_out:
-        emit_json(command, status, {"report": report.to_dict(), **(extra or {})})
+        emit_json(command, "finding" if found else "ok", {"report": report.to_dict(), **(extra or {})})
     else:
         render_stage_report(console, report)
-    raise typer.Exit(EXIT_FINDING if report.errors else EXIT_OK)
+        if finding is not None:
+            console.print(f"[bold red]{escape(finding)}[/]", highlight=False)
+    raise typer.Exit(EXIT_FINDING if found else EXIT_OK)
 
 
 @tts_app.command("check")
@@ -110,18 +114,34 @@ def demo_cmd(
     json_out: bool = JsonOption,
 ) -> None:
     """Run a Kokoro-shaped pipeline (the Kokoro-82M decoder with random weights, no download) through the
-    stage checker; exit 1 on any error finding."""
+    stage checker; exit 1 on any error finding. With --out, audio holding NaN/Inf is not written (the report
+    says where it went wrong, and one line says why the file is missing)."""
     try:
         from ..tts.kokoro import demo
 
         audio, report = demo(phonemes, fault=fault, seed=seed)
-        saved = None
+        saved, not_written = None, None
         if out is not None and audio is not None:
-            from ..audio import save
+            not_written = _unwritable(out, audio)
+            if not_written is None:
+                from ..audio import save
 
-            saved = save(out, audio, 24_000, normalize=True, repair_nonfinite=False)
+                saved = save(out, audio, 24_000, normalize=True, repair_nonfinite=False)
     except TensorprobeError as e:
         fail(str(e))
     if saved is not None and not json_out:
         console.print(f"wrote {out}: {'; '.join(saved.notes)}")
-    _finish(report, json_out, "tts demo", {"out": str(out) if saved is not None else None})
+    _finish(report, json_out, "tts demo", {"out": str(out) if saved is not None else None, "not_written": not_written},
+            finding=not_written)
+
+
+def _unwritable(out: Path, audio) -> str | None:
+    """Why `out` is not written, when the audio itself is the reason (NaN/Inf samples): that is a finding of
+    the pipeline, which the stage report locates, not bad input."""
+    import numpy as np
+
+    bad = ~np.isfinite(np.asarray(audio))
+    if not bad.any():
+        return None
+    return (f"{out} was not written: {int(bad.sum())} of {bad.size} samples are non-finite (first at sample "
+            f"{int(np.argmax(bad))}); a WAV can't hold them, and the stage report above says where they come from")

@@ -41,6 +41,11 @@ def render_audio_report(console: Console, report: AudioReport) -> None:
     console.print(f"[bold]{escape(report.source)}[/]  [{style}]{report.status.upper()}[/]  "
                   f"{report.duration_s:.3f} s, {report.sample_rate:g} Hz, {report.channels} ch, {escape(report.dtype)}"
                   + (f", peak {fmt(f.get('peak'))} ({fmt(f.get('peak_dbfs'), 3)} dBFS)" if "peak" in f else ""))
+    if report.frames == 0 and report.verdict("length").status == "error":
+        # one line, not a table of checks all skipped for want of samples
+        console.print(f"  [bold red]error[/]: {escape(report.verdict('length').message)} (the other checks need "
+                      f"samples)")
+        return
     table = Table(show_edge=False, box=None, pad_edge=False)
     for col in ("check", "status", "figure", "threshold", "finding"):
         table.add_column(col, overflow="fold")
@@ -54,15 +59,30 @@ def render_audio_report(console: Console, report: AudioReport) -> None:
 
 
 def render_audio_diff(console: Console, d: AudioDiff) -> None:
-    """The verdict and its reasons, then the figures."""
+    """The verdict and its reasons, then the figures (those that could be measured)."""
     style = "bold red" if d.status == "finding" else "bold green"
-    console.print(f"[bold]{escape(d.names[1])}[/] vs [bold]{escape(d.names[0])}[/]: [{style}]{escape(d.label)}[/]")
+    console.print(f"[bold]{escape(d.names[0])}[/] vs [bold]{escape(d.names[1])}[/]: [{style}]{escape(d.label)}[/]")
     for r in d.reasons:
         console.print(f"  • {escape(r)}")
+    table = Table(show_edge=False, box=None, show_header=False, pad_edge=False)
+    table.add_column("figure", style="bold")
+    table.add_column("value")
+    for k, v in _diff_rows(d):
+        table.add_row(k, escape(v))
+    console.print(table)
+    for note in d.notes:
+        console.print(f"  [dim]note: {escape(note)}[/]")
+
+
+def _diff_rows(d: AudioDiff) -> list[tuple[str, str]]:
+    length = ("length", f"reference {d.ref_frames / d.sample_rate:.3f} s, candidate "
+                        f"{d.cand_frames / d.sample_rate:.3f} s ({d.length_diff_frames:+d} samples)")
+    if not d.mel:   # a side too short to measure: no other figure
+        return [length]
     m, wr, wb = d.mel, d.mel["worst_region"], d.mel["worst_band"]
-    rows = [
+    return [
         ("lag", f"{d.lag_frames} samples ({d.lag_s * 1000:.2f} ms)"),
-        ("length difference", f"{d.length_diff_frames:+d} samples ({d.length_diff_frames / d.sample_rate:+.3f} s)"),
+        length,
         ("waveform correlation", f"{fmt(d.corr_before)} before alignment, {fmt(d.corr_after)} after"),
         ("SNR", f"{fmt(d.snr_db)} dB"),
         ("level (cand − ref RMS)", f"{fmt(d.level_db)} dB"),
@@ -74,14 +94,6 @@ def render_audio_diff(console: Console, d: AudioDiff) -> None:
         ("MR-STFT", f"spectral convergence {fmt(d.mrstft['spectral_convergence'])}, "
                     f"log-magnitude {fmt(d.mrstft['log_magnitude'])}"),
     ]
-    table = Table(show_edge=False, box=None, show_header=False, pad_edge=False)
-    table.add_column("figure", style="bold")
-    table.add_column("value")
-    for k, v in rows:
-        table.add_row(k, escape(v))
-    console.print(table)
-    for note in d.notes:
-        console.print(f"  [dim]note: {escape(note)}[/]")
 
 
 # ------------------------------------------------------------------------------------------------ HTML
@@ -143,7 +155,9 @@ def render_diff_html(d: AudioDiff) -> str:
     env = jinja2.Environment(loader=jinja2.PackageLoader("tensorprobe.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html"]))
     tpl = env.get_template("audio_diff.html")
-    return tpl.render(d=d, fig=d.to_dict(), fmt=fmt, spectrograms=_spectrogram_plots(d), waveform=_waveform_plot(d))
+    plotted = d.arrays is not None   # a side too short to measure has no figures to plot
+    return tpl.render(d=d, fig=d.to_dict(), fmt=fmt, spectrograms=_spectrogram_plots(d) if plotted else [],
+                      waveform=_waveform_plot(d) if plotted else None)
 
 
 def write_diff_html(d: AudioDiff, path: str | Path) -> Path:

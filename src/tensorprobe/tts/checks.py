@@ -297,7 +297,7 @@ def check_mel(mel: Any, *, mel_range: tuple[float, float] = (-11.5, 0.0), tolera
                            mean=float(fin.mean()), limit=limit))
     elif fin.max() < lo + 0.5 * (hi - lo):
         summary["notes"] = [f"quiet: the mel peaks at {fin.max():.3g}, in the lower half of the expected range "
-                            f"[{lo:g}, {hi:g}]; not an error"]
+                            f"[{lo:g}, {hi:g}]; the level alone is not an error"]
     findings += _mel_shape_findings(a.shape, n_mels, expected_frames)
     return findings, summary
 
