@@ -94,14 +94,16 @@ def rewrite_cmd(
     target: str = typer.Argument(..., help="path/to/file.py:factory or package.module:factory returning (model, inputs)."),
     rules: str = typer.Option("stable_norm,fold_weight_norm", "--rules", help="Comma-separated rules: stable_norm, "
                               "fold_weight_norm, guard_atan2, record_random, conv_stft."),
-    rtol: float = typer.Option(1e-4, "--rtol", help="Largest output change a rule may make (relative; or no more "
-                               "than twice the model's own float32 error)."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Accept a rule whose outputs move by up to this "
+                                         "much (relative), beyond float32 rounding. Default: only what float32 "
+                                         "rounding explains on this model, or a rule as accurate against float64 "
+                                         "as the model."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Export the rewritten model here (torch.export, .pt2)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Rewrite TARGET's model for a port (stable norms, weight norm folded, atan2 guarded, random draws recorded),
-    keeping each rule only if its outputs on TARGET's inputs prove equivalent. Exits 1 when a rule changed the
-    outputs and was refused."""
+    keeping each rule only if its outputs on TARGET's inputs prove equivalent (within float32 rounding), or
+    show it as accurate as the model. Exits 1 when a rule changed the outputs and was refused."""
     from ..preflight.rewrite import rewrite
     from ..targets import load_target
 

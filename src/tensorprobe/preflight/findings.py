@@ -12,6 +12,25 @@ _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
 FLOAT32 = "float32_nonfinite"    # the kind of the finding that float32 PyTorch itself already fails
 
 
+def clause(text: str) -> str:
+    """`text` without its closing full stop, to join into a longer sentence (messages and headlines come
+    both ways: a finding's message has none, `NanOrigin.headline()` sometimes does)."""
+    return text.strip().rstrip(".").rstrip()
+
+
+def sentence(text: str) -> str:
+    """`text` ending with exactly one full stop."""
+    return clause(text) + "."
+
+
+def inner_clause(text: str) -> str:
+    """`text` as a clause after a colon: no closing full stop, and a plain capitalised first word in lower
+    case ("The model inputs" -> "the model inputs"; "NaN/Inf born" keeps its case)."""
+    text = clause(text)
+    word = text.split(" ", 1)[0]
+    return text[0].lower() + text[1:] if word.isalpha() and word[1:].islower() else text
+
+
 @dataclass(frozen=True)
 class Target:
     """A port target as preflight sees it.
@@ -104,7 +123,8 @@ class Float32Check:
         stats = o.output.stats if found and o.output is not None else None
         state = ("makes the outputs non-finite" if not self.outputs_finite else
                  "makes NaN/Inf inside the model (masked before the outputs, which are finite)")
-        where = o.headline() if found else "the live NaN finder did not see it again (random ops drawing otherwise?)"
+        where = (inner_clause(o.headline()) if found
+                 else "the live NaN finder did not see it again (random ops drawing otherwise?)")
         message = f"float32 PyTorch already {state} on these inputs, before any port: {where}"
         if self.left_out:
             message += (f"; {len(self.left_out)} target finding(s) at ops that meet these NaN/Inf in float32 are "
@@ -160,14 +180,14 @@ class PreflightReport:
         name = self.target.name
         f32 = [f for f in self.findings if f.kind == FLOAT32]
         rest = [f for f in self.findings if f.kind != FLOAT32]
-        parts = [f32[0].message[0].upper() + f32[0].message[1:] + "."] if f32 else []
+        parts = [sentence(f32[0].message[0].upper() + f32[0].message[1:])] if f32 else []
         counts = {s: sum(1 for f in rest if f.severity == s) for s in (ERROR, WARNING, INFO)}
         if not rest:
             parts.append(f"Nothing {'else ' if f32 else ''}found that would break on {name}.")
         else:
             errors = [f for f in rest if f.severity == ERROR]
             parts.append(f"{counts[ERROR]} problem(s) that will break on {name}, {counts[WARNING]} that may, "
-                         f"{counts[INFO]} worth knowing." + (f" First: {errors[0].message}" if errors else ""))
+                         f"{counts[INFO]} worth knowing." + (f" First: {sentence(errors[0].message)}" if errors else ""))
         if self.remaining is not None:
             parts.append(self._after_fix())
         return " ".join(parts)
@@ -175,7 +195,7 @@ class PreflightReport:
     def _after_fix(self) -> str:
         left = [f for f in self.remaining or () if f.severity == ERROR]
         if left:
-            return f"After --fix, {len(left)} still break(s) on {self.target.name}; first: {left[0].message}"
+            return f"After --fix, {len(left)} still break(s) on {self.target.name}; first: {sentence(left[0].message)}"
         if self.fixed_ok is False:
             return f"After --fix no finding is left, but {self.target.name} still makes NaN/Inf in the fixed model."
         ran = f", and {self.target.name} ran the fixed model with every value finite" if self.fixed_ok else ""

@@ -24,12 +24,11 @@ from torch import nn
 
 from torch.utils._pytree import tree_flatten
 
-from ..errors import InputError, TensorprobeError
 from ..hooks import ModuleStack, module_hooks
 from ..nan.diagnose import ONE_PASS_BACKENDS, one_pass_variance_score
 from ..numbers import fmt_number
 from .findings import ERROR, INFO, WARNING, Finding, Float32Check, Target
-from .rewrite import seeded
+from .rewrite import forward_errors, seeded
 from .watch import OpWatch, nonfinite_count
 
 _UNIT_NAMES = {"instance": "channels", "group": "groups", "layer": "normalised rows"}
@@ -75,13 +74,9 @@ def _watched_forward(model: nn.Module, inputs: tuple, watch: OpWatch, norms: dic
         return hook
 
     watch.stack = stack
-    try:
-        with module_hooks(model.named_modules(), pre=enter, post=leave), torch.no_grad(), seeded(), watch:
-            return model(*inputs)
-    except TensorprobeError:
-        raise
-    except Exception as e:      # the user's model refuses these inputs: one clear line, not a traceback
-        raise InputError(f"the model's forward raised {type(e).__name__}: {e}") from None
+    with forward_errors(), module_hooks(model.named_modules(), pre=enter, post=leave), torch.no_grad(), seeded(), \
+            watch:
+        return model(*inputs)
 
 
 def _float32_origin(model: nn.Module, inputs: tuple, outputs_finite: bool, left_out: tuple) -> Float32Check:

@@ -2,19 +2,33 @@
 user's inputs before keeping it.
 
     >>> result = rewrite(model, x, rules=["stable_norm", "fold_weight_norm"])     # doctest: +SKIP
-    >>> [(r.rule, r.applied, r.max_rel_err) for r in result.rules]                # doctest: +SKIP
-    [('stable_norm', True, 1.2e-07), ('fold_weight_norm', True, 0.0)]
+    >>> [(r.rule, r.applied, r.basis, r.moved_rel_err) for r in result.rules]     # doctest: +SKIP
+    [('stable_norm', True, 'rounding', 1.2e-07), ('fold_weight_norm', True, 'rounding', 0.0)]
     >>> ported = result.model                                                     # doctest: +SKIP
 
-Each rule runs on a copy of the model as it stands. Its outputs on the inputs are compared with the exact
-outputs (the model before the rule, run in float64): the rule is kept when its error, or its change to the
-float32 outputs, is within `rtol`, or when its error is no larger than twice the error the model had before
-it. The last clause matters where the model is ill-conditioned on these inputs (an instance norm of
-near-constant channels amplifies float32 rounding 100,000-fold): there no float32 implementation agrees
-with another to 1e-4, and "as accurate as before" is the equivalence that can be proven. It stops at a
-model whose own error passes `ILL_CONDITIONED` (1%): there nothing but identical outputs proves anything.
-A rule that fails is reported and not applied. A rule is a name
-from `RULES` or any function `(model, *inputs) -> (model, changed paths)` (or `model -> …`).
+Each rule runs on a copy of the model as it stands. Three runs judge it: the model before the rule in
+float32 (`before`), the same in float64 (`exact`), and the model after the rule in float32 (`after`). Every
+figure is a relative error over all outputs, the larger of max |Δ| / max |ref| and ‖Δ‖ / ‖ref‖ (`diff`'s
+measure): `moved` (after against before: what the rule changed), `err` (after against exact) and `own`
+(before against exact: the model's own float32 rounding on these inputs). A rule is kept on one of three
+grounds (`RuleResult.basis`):
+
+- `rounding` (proven): `moved` is within float32 rounding, `tolerance()`: `MARGIN` times the model's own
+  error, at least `LOCAL_UNITS` float32 roundings (2^-24 each) and at most `NOISE_UNITS` of them, the least
+  noise floor `diff` gives a float32 value that a rewrite recomputes. `diff` of the original against the
+  rewritten model then finds the outputs within rounding noise.
+- `accuracy` (kept, not proven equal): `moved` is larger, but the rewritten model is as accurate as the
+  original (`err` at most twice `own`): the move is the original's own rounding, which the rule removes or
+  replaces. This is what can be shown where the model is ill-conditioned on these inputs (an instance norm of
+  near-constant channels amplifies float32 rounding 100,000-fold): no two float32 implementations agree there,
+  and `diff` against the original reports the move as a divergence (rounding amplified). It stops at a model
+  whose own error passes `ILL_CONDITIONED` (1%): there the float64 run says nothing about equivalence.
+- `rtol` (kept, not proven): the caller's `rtol` is looser than float32 rounding and `moved` or `err` is
+  within it.
+
+A rule that fails is reported and not applied. A rule is a name from `RULES` or any function
+`(model, *inputs) -> (model, changed)` (or `model -> (model, changed)`): `model` the rewritten module,
+`changed` a list of the module paths it rewrote (strings; empty when there was nothing to rewrite).
 
 Every run (and every rule, which may record random draws) starts from the same seed, so a model with
 random ops is compared with itself on one draw.
@@ -24,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -31,14 +46,15 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ..errors import InputError
+from ..diff.noise import LOCAL_UNITS, NOISE_UNITS, OWN_MARGIN as MARGIN, SAME_PRECISION_ROUNDOFF as U32
+from ..errors import InputError, TensorprobeError
 from .functions import guard_atan2, record_random
 from .stft import conv_stft
 
 Rule = Callable[..., "tuple[nn.Module, list[str]]"]
 SEED = 0
 # Above this relative error of its own (float32 against float64), a model's outputs say nothing about the
-# equivalence of a rewrite: only rules that leave its float32 outputs within rtol are kept.
+# equivalence of a rewrite: only rules that leave its float32 outputs within rounding (or rtol) are kept.
 ILL_CONDITIONED = 1e-2
 
 
@@ -144,21 +160,47 @@ RULES: dict[str, Rule] = {"stable_norm": stable_norm, "fold_weight_norm": fold_w
 
 @dataclass(frozen=True)
 class RuleResult:
+    """One rule's outcome. The figures are relative errors over every output (module docstring)."""
+
     rule: str
     applied: bool
     changed: tuple[str, ...]     # module paths the rule rewrote
-    max_rel_err: float | None    # largest |after − exact| over the largest |exact|, over every output
-    reason: str = ""
-    model_rel_err: float | None = None   # the same figure for the model before the rule (its own float32 error)
-    moved_rel_err: float | None = None   # largest |after − before| over the largest |before|: what the rule changed
+    max_rel_err: float | None    # `err`: the model after the rule against the exact outputs (float64)
+    reason: str = ""             # why it was not applied
+    model_rel_err: float | None = None   # `own`: the model before the rule against float64 (its float32 rounding)
+    moved_rel_err: float | None = None   # `moved`: after against before, both float32: what the rule changed
+    tolerance: float | None = None       # the move float32 rounding explains on this model (`tolerance()`)
+    basis: str = ""                      # why it was kept: rounding (proven), accuracy or rtol (module docstring)
+    rtol: float | None = None            # the caller's rtol, when one was given
+
+    @property
+    def proven(self) -> bool:
+        """Kept because its outputs stay within float32 rounding of the original's."""
+        return self.applied and self.basis == "rounding"
+
+    def describe(self) -> str:
+        """One clause: what happened to this rule, with its figures."""
+        if not self.applied:
+            return f"{self.rule}: not applied ({self.reason})"
+        head = f"{self.rule}: {len(self.changed)} place(s) rewritten"
+        moved, err, own, tol = self.moved_rel_err or 0.0, self.max_rel_err or 0.0, self.model_rel_err, self.tolerance
+        if self.basis == "rounding":
+            return f"{head}, proven: outputs moved {moved:.1e}, within float32 rounding ({tol:.1e}, {_allowance(own)})"
+        against = f"{err:.1e} from float64 (the original: {own:.1e})" if own is not None else f"{err:.1e} from float64"
+        if self.basis == "accuracy":
+            return (f"{head}, as accurate as the original but not proven equal to it: outputs moved {moved:.1e}, "
+                    f"beyond float32 rounding ({tol:.1e}), and the rewritten model is {against}; `diff` against "
+                    "the original will report that move (judge a port against the rewritten model)")
+        return (f"{head} within --rtol {self.rtol:g}, not proven: outputs moved {moved:.1e}, beyond float32 rounding "
+                f"({tol:.1e}), and the rewritten model is {against}")
 
     def to_dict(self) -> dict[str, Any]:
         from ..numbers import json_number
 
-        return {"rule": self.rule, "applied": self.applied, "changed": list(self.changed),
-                "max_rel_err": json_number(self.max_rel_err), "model_rel_err": json_number(self.model_rel_err),
-                "moved_rel_err": json_number(self.moved_rel_err),
-                "reason": self.reason}
+        return {"rule": self.rule, "applied": self.applied, "proven": self.proven, "basis": self.basis or None,
+                "changed": list(self.changed), "max_rel_err": json_number(self.max_rel_err),
+                "model_rel_err": json_number(self.model_rel_err), "moved_rel_err": json_number(self.moved_rel_err),
+                "tolerance": json_number(self.tolerance), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -167,60 +209,122 @@ class RewriteResult:
     rules: tuple[RuleResult, ...]
 
     def summary(self) -> str:
-        parts = []
-        for r in self.rules:
-            if r.applied:
-                parts.append(f"{r.rule}: {len(r.changed)} place(s) rewritten, outputs moved {r.moved_rel_err or 0:.1e}, "
-                             f"within {r.max_rel_err:.1e} of float64 (the model's own float32 error: "
-                             f"{r.model_rel_err or 0:.1e})")
-            else:
-                parts.append(f"{r.rule}: not applied ({r.reason})")
-        return "; ".join(parts) + "."
+        return "; ".join(r.describe() for r in self.rules) + "."
 
     def to_dict(self) -> dict[str, Any]:
         return {"summary": self.summary(), "rules": [r.to_dict() for r in self.rules]}
 
 
 def rewrite(model: nn.Module, *inputs: Any, rules: Sequence[str | Rule] = ("stable_norm", "fold_weight_norm"),
-            rtol: float = 1e-4) -> RewriteResult:
-    """Apply `rules` one by one to a copy of `model`, keeping each only if it proves equivalent on `inputs`
-    (see module docstring). The original model is not modified."""
+            rtol: float | None = None) -> RewriteResult:
+    """Apply `rules` one by one to a copy of `model`, keeping each only if its outputs on `inputs` prove it
+    equivalent (module docstring); `rtol`, when given, is a looser relative tolerance the caller accepts.
+    The original model is not modified. A model whose forward raises, or a rule that raises or does not
+    return `(model, changed)`, is an `InputError`."""
     current = clone_module(model).eval()
     results = []
     for rule in rules:
         name, fn = _resolve(rule)
-        exact = _outputs(_exact(current, inputs), _double(inputs))
-        before = _outputs(current, inputs)
-        before_err = _max_rel_err(exact, before)
-        with seeded():
-            candidate, changed = fn(clone_module(current), *inputs)
+        with forward_errors():
+            before = _outputs(current, inputs)
+        with forward_errors("the float64 copy of the model (the exact outputs a rule is judged against)"):
+            exact = _outputs(_exact(current, inputs), _double(inputs))
+        own = _rel_err(exact, before)
+        with forward_errors(f"rewrite rule {name!r}"), seeded():
+            candidate, changed = _checked(name, fn(clone_module(current), *inputs))
         if not changed:
             results.append(RuleResult(name, False, (), None, "nothing to rewrite"))
             continue
-        after = _outputs(candidate.eval(), inputs)
-        err, moved = _max_rel_err(exact, after), _max_rel_err(before, after)
-        reason = _refusal(err, moved, before_err, rtol)
-        if reason:
-            results.append(RuleResult(name, False, tuple(changed), err, reason, before_err, moved))
+        try:
+            after = _outputs(candidate.eval(), inputs)
+        except TensorprobeError:
+            raise
+        except Exception as e:      # the rule broke the model: refused, with what the forward said
+            results.append(RuleResult(name, False, changed, None, f"the rewritten model raised {type(e).__name__}: "
+                                      f"{e}", own, rtol=rtol))
             continue
-        current = candidate
-        results.append(RuleResult(name, True, tuple(changed), err, model_rel_err=before_err, moved_rel_err=moved))
+        err, moved, tol = _rel_err(exact, after), _rel_err(before, after), tolerance(own)
+        basis, reason = _judge(err, moved, own, rtol)
+        result = RuleResult(name, bool(basis), changed, err, reason, own, moved, tol, basis, rtol)
+        results.append(result)
+        if result.applied:
+            current = candidate
     return RewriteResult(current, tuple(results))
 
 
-def _refusal(err: float | None, moved: float | None, own: float | None, rtol: float) -> str:
-    """Why a rule's outputs do not prove it equivalent ('' when they do; see the module docstring)."""
+def tolerance(own: float | None) -> float:
+    """The largest output move float32 rounding explains on a model whose own error (float32 against float64)
+    is `own`: `MARGIN` x `own`, at least `LOCAL_UNITS` and at most `NOISE_UNITS` float32 roundings (the
+    least noise floor `diff` gives a recomputed float32 value, so that a proven rewrite is a `diff` match)."""
+    scaled = MARGIN * own if own is not None and own <= ILL_CONDITIONED else 0.0
+    return min(max(scaled, LOCAL_UNITS * U32), NOISE_UNITS * U32)
+
+
+def _allowance(own: float | None) -> str:
+    """Where `tolerance(own)` comes from, in words."""
+    if own is not None and LOCAL_UNITS * U32 < MARGIN * own < NOISE_UNITS * U32:
+        return f"{MARGIN:g}x the model's own float32 error against float64, {own:.1e}"
+    if own is not None and MARGIN * own >= NOISE_UNITS * U32 and own <= ILL_CONDITIONED:
+        return f"{NOISE_UNITS} float32 roundings, the least noise floor diff gives; the model's own error is {own:.1e}"
+    return f"{LOCAL_UNITS} float32 roundings"
+
+
+def _judge(err: float | None, moved: float | None, own: float | None, rtol: float | None) -> tuple[str, str]:
+    """(basis, '') when the rule is kept, ('', why not) when it is refused (module docstring)."""
     if err is None or moved is None:
-        return "outputs change shape or become non-finite"
-    own = own or 0.0
-    if err <= rtol or moved <= rtol:
-        return ""
-    if own > ILL_CONDITIONED:
-        return (f"outputs move {moved:.2g}, and the model's own float32 and float64 runs differ by {own:.2g} on these "
-                "inputs: equivalence cannot be proven on them (use inputs on which the model is well-conditioned)")
-    if err <= 2 * own:
-        return ""
-    return f"outputs move {err:.2g} from exact (> {rtol:.2g}, and more than twice the model's own {own:.2g})"
+        return "", "outputs change shape or become non-finite"
+    tol = tolerance(own)
+    if moved <= tol:
+        return "rounding", ""
+    conditioned = own is not None and own <= ILL_CONDITIONED
+    if conditioned and err <= 2 * own:
+        return "accuracy", ""
+    if rtol is not None and rtol > tol and (err <= rtol or moved <= rtol):
+        return "rtol", ""
+    need = _round_up(min(err, moved))
+    looser = (f"beyond --rtol {rtol:g}; " if rtol is not None else "") + f"--rtol {need:.2g} would accept it"
+    if not conditioned:
+        measured = f"differ by {own:.2g}" if own is not None else "do not even agree on which values are finite"
+        return "", (f"outputs move {moved:.2g}, and the model's own float32 and float64 runs {measured} on these "
+                    f"inputs: equivalence cannot be proven on them (use inputs on which the model is "
+                    f"well-conditioned; {looser})")
+    times = f"{moved / own:,.0f}x" if own else "more than"
+    return "", (f"outputs move {moved:.2g}, {times} the model's own float32 error against float64 ({own:.2g}; "
+                f"rounding explains {tol:.2g}), and the rewritten model is {err:.2g} from float64: it changes what "
+                f"the model computes ({looser})")
+
+
+def _round_up(x: float) -> float:
+    """`x` rounded up to two significant digits (a tolerance printed that way still accepts `x`)."""
+    if x <= 0 or not math.isfinite(x):
+        return x
+    step = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(x / step * (1 - 1e-12)) * step
+
+
+def _checked(name: str, returned: Any) -> tuple[nn.Module, tuple[str, ...]]:
+    """What a rule returned, as (model, changed paths); anything else is one clear `InputError`."""
+    ok = (isinstance(returned, (tuple, list)) and len(returned) == 2 and isinstance(returned[0], nn.Module)
+          and isinstance(returned[1], (list, tuple, set, frozenset))
+          and all(isinstance(p, str) for p in returned[1]))
+    if not ok:
+        raise InputError(f"rewrite rule {name!r} returned {_shape_of(returned)}; a rule must return (model, changed): "
+                         "the rewritten torch.nn.Module and a list of the module paths it rewrote (strings; an empty "
+                         "list when it changed nothing)")
+    return returned[0], tuple(returned[1])
+
+
+def _shape_of(value: Any) -> str:
+    """A short description of what a rule returned: `(Net, True)`, `None`, `Net`."""
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(type(v).__name__ if isinstance(v, nn.Module) else _short(v) for v in value[:3])
+        return f"({inner}{', …' if len(value) > 3 else ''})"
+    return type(value).__name__ if isinstance(value, nn.Module) else _short(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def _exact(model: nn.Module, inputs: tuple) -> nn.Module:
@@ -282,6 +386,18 @@ def _resolve(rule: str | Rule) -> tuple[str, Rule]:
 
 
 @contextlib.contextmanager
+def forward_errors(what: str = "the model's forward") -> Iterator[None]:
+    """The user's model raising inside (a wrong input shape, a missing kernel) becomes one `InputError`:
+    "`what` raised RuntimeError: ...", the line the CLI prints (exit 2), not a traceback."""
+    try:
+        yield
+    except TensorprobeError:
+        raise
+    except Exception as e:
+        raise InputError(f"{what} raised {type(e).__name__}: {e}") from None
+
+
+@contextlib.contextmanager
 def seeded() -> Iterator[None]:
     """The global generators forked and seeded with `SEED` (the caller's state is restored after)."""
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
@@ -308,17 +424,22 @@ def _outputs(model: nn.Module, inputs: tuple) -> list[torch.Tensor]:
     return [t.detach().double() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
 
 
-def _max_rel_err(before: list[torch.Tensor], after: list[torch.Tensor]) -> float | None:
-    if len(before) != len(after) or any(a.shape != b.shape for a, b in zip(before, after)):
+def _rel_err(ref: list[torch.Tensor], other: list[torch.Tensor]) -> float | None:
+    """The relative error of `other` against `ref` over every output: the larger of max |Δ| / max |ref| and
+    ‖Δ‖ / ‖ref‖ (`diff`'s measure), on the elements finite in `ref`. None when the shapes differ or `other`
+    is non-finite where `ref` is finite."""
+    if len(ref) != len(other) or any(a.shape != b.shape for a, b in zip(ref, other)):
         return None
     worst = 0.0
-    for b, a in zip(before, after):
+    for b, a in zip(ref, other):
         ok = torch.isfinite(b)
         if not bool(torch.isfinite(a)[ok].all()):
             return None
-        scale = float(b[ok].abs().max()) if bool(ok.any()) else 0.0
-        diff = float((a[ok] - b[ok]).abs().max()) if bool(ok.any()) else 0.0
-        worst = max(worst, diff / scale if scale > 0 else diff)
+        if not bool(ok.any()):
+            continue
+        d, b = (a[ok] - b[ok]), b[ok]
+        for delta, scale in ((float(d.abs().max()), float(b.abs().max())), (float(d.norm()), float(b.norm()))):
+            worst = max(worst, delta / scale if scale > 0 else delta)
     return worst
 
 

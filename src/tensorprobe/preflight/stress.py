@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from ..record import KIND_MODEL_INPUT
+from .findings import inner_clause
 
 EMULATIONS = ("fp16", "bf16", "fp16-accum", "tf32", "int8-weights")
 
@@ -46,24 +48,50 @@ class StressReport:
 
     def layers(self, n: int = 10) -> list[tuple[str, float | None]]:
         """The `n` records with the lowest SNR against float32, in execution order."""
-        scored = [(p.name, p.metrics.get("snr_db")) for p in self.diff.pairs if p.metrics.get("snr_db") is not None]
+        scored = [(p.name, p.metrics.get("snr_db")) for p in self.diff.pairs
+                  if p.metrics.get("snr_db") is not None and p.kind != KIND_MODEL_INPUT]      # inputs: identical by design
         worst = sorted(scored, key=lambda x: x[1])[:n]
         keep = {name for name, _ in worst}
         return [x for x in scored if x[0] in keep]
 
     def summary(self) -> str:
         f32, o = self.float32_origin, self.origin
-        first = f"Already non-finite in float32, before any emulation: {f32.headline()}. " if f32 is not None else ""
-        same = f32 is not None and o.found and (o.module, o.op) == (f32.module, f32.op)
-        where = (first + ("" if same else
-                          f"In {self.emulate} the first non-finite value is born at {o.op} in {o.module or '<root>'}."
-                          if o.found else f"In {self.emulate} every value stays finite."))
-        snr = "" if self.output_snr_db is None else (
-            f" The output differs from float32 by SNR {self.output_snr_db:.1f} dB." if math.isfinite(self.output_snr_db)
-            else " The output equals float32's.")
+        parts = [f"Already non-finite in float32, before any emulation: {inner_clause(f32.headline())}."
+                 if f32 is not None else ""]
+        if not (f32 is not None and o.found and (o.module, o.op) == (f32.module, f32.op)):
+            parts.append(f"In {self.emulate} the first non-finite value is born at {o.op} in {o.module or '<root>'}."
+                         if o.found else f"In {self.emulate} every value stays finite.")
+        parts.append(self._output_words())
         worst = self.layers(1)
-        low = f" Lowest layer SNR: {worst[0][0]} ({worst[0][1]:.1f} dB)." if worst else ""
-        return where + snr + low
+        if worst and worst[0][1] != math.inf:          # every layer identical: nothing is lowest
+            parts.append(f"Lowest layer SNR: {worst[0][0]} ({worst[0][1]:.1f} dB).")
+        return " ".join(p for p in parts if p)
+
+    def _output_words(self) -> str:
+        """The model output against float32's. "Equals" only when the SNR is +inf and every value is finite;
+        an SNR of -inf is an element finite on one side only (or an all-zero float32 output), never equality."""
+        snr = self.output_snr_db
+        if snr is None:
+            return ""
+        if math.isfinite(snr):
+            return f"The output differs from float32's by SNR {snr:.1f} dB."
+        pair = self.diff.get(self.diff.output)
+        metrics = pair.metrics if pair is not None else {}
+        size = math.prod(pair.shape) if pair is not None else 0
+        if snr > 0:        # +inf: every element finite on both sides is identical
+            both = round((1.0 - (metrics.get("ref_finite_frac") or 1.0)) * size)
+            return ("The output equals float32's." if not both else
+                    f"The output's finite values equal float32's; both hold NaN/Inf at the same {both:,} of its "
+                    f"{size:,} elements.")
+        cand_only, ref_only = metrics.get("nonfinite_cand_only") or 0, metrics.get("nonfinite_ref_only") or 0
+        sides = ([f"the output holds NaN/Inf at {int(cand_only):,} of its {size:,} elements where float32's is "
+                  "finite"] if cand_only else []) + ([f"float32's output holds NaN/Inf at {int(ref_only):,} of its "
+                                                      f"{size:,} elements where {self.emulate}'s is finite"]
+                                                     if ref_only else [])
+        if sides:
+            text = "; ".join(sides)
+            return f"{text[0].upper()}{text[1:]} (SNR -inf dB)."
+        return "The output differs from float32's, which is zero everywhere (SNR -inf dB)."
 
     def to_dict(self) -> dict[str, Any]:
         from ..numbers import json_number
@@ -80,21 +108,22 @@ def stress(model: torch.nn.Module, *inputs: Any, emulate: str = "fp16") -> Stres
     from ..capture import capture
     from ..diff import diff
     from ..nan.live import find_first_nonfinite
-    from .rewrite import eval_mode, seeded
+    from .rewrite import eval_mode, forward_errors, seeded
 
     if emulate not in EMULATIONS:
         raise InputError(f"unknown emulation {emulate!r}; known: {', '.join(EMULATIONS)}")
     with eval_mode(model), tempfile.TemporaryDirectory(prefix="tensorprobe-stress-") as d:
         emulated = quantize_weights(model) if emulate == "int8-weights" else model
-        with seeded():      # both runs draw the same random numbers
+        with forward_errors(), seeded():      # both runs draw the same random numbers
             ref = capture(model, *inputs, level="module", keep="full", out=Path(d) / "ref")
         float32_origin = None
         if not all(r.stats.all_finite for r in ref):    # float32 already fails: said first, with its origin
-            with seeded():
+            with forward_errors(), seeded():
                 float32_origin = find_first_nonfinite(model, *inputs, spread=False)
-        with _arithmetic(emulate), seeded():
+        in_emulation = f"the model's forward in {emulate} emulation"
+        with forward_errors(in_emulation), _arithmetic(emulate), seeded():
             cand = capture(emulated, *inputs, level="module", keep="full", out=Path(d) / "cand")
-        with _arithmetic(emulate), seeded():
+        with forward_errors(in_emulation), _arithmetic(emulate), seeded():
             origin = find_first_nonfinite(emulated, *inputs, spread=False)
         report = diff(ref, cand)
         out = report.get(report.output) if report.output else None
