@@ -170,3 +170,38 @@ def test_bad_options():
         tp.capture(Looped(), torch.randn(1, 4), include="(")
     with pytest.raises(InputError, match="torch.nn.Module"):
         tp.capture(lambda x: x, torch.randn(1, 4))
+
+
+def test_an_output_directory_that_cannot_be_written_is_named_before_anything_runs(tmp_path):
+    """`capture ... -o /proc/forbidden` said "the model's forward raised FileNotFoundError". An output
+    directory that cannot be created is bad input, named as such (exit 2), before the forward runs."""
+    import pathlib
+    import subprocess
+    import sys
+
+    from tensorprobe.errors import BundleError
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(BundleError, match=r"cannot create the output directory .*a_file is not a directory"):
+        tp.capture.check_output_dir(blocker / "bundle")
+    with pytest.raises(BundleError, match="exists and is not a directory"):
+        tp.capture.check_output_dir(blocker)
+    tp.capture.check_output_dir(tmp_path / "new" / "deeper")          # creatable: fine, and nothing is left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    marker = tmp_path / "forward_ran"
+    (tmp_path / "m.py").write_text(
+        "import pathlib, torch\n"
+        "class M(torch.nn.Module):\n"
+        f"    def forward(self, x):\n        pathlib.Path({str(marker)!r}).write_text('ran')\n        return x\n"
+        "def build():\n    return M(), (torch.ones(2),)\n")
+    unwritable = [blocker / "bundle"] + ([pathlib.Path("/proc/forbidden")] if pathlib.Path("/proc").is_dir() else [])
+    for out in unwritable:
+        p = subprocess.run([sys.executable, "-m", "tensorprobe", "capture", f"{tmp_path / 'm.py'}:build", "-o",
+                            str(out)], capture_output=True, text=True)
+        assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+        assert "cannot " in p.stderr and str(out) in p.stderr and "forward raised" not in p.stderr
+        assert not marker.exists()
+    if pathlib.Path("/proc").is_dir():                                  # the library says the same
+        with pytest.raises(BundleError, match="cannot write the bundle to /proc/forbidden"):
+            tp.capture(Looped(), torch.randn(1, 4), out="/proc/forbidden")

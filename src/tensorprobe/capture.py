@@ -45,7 +45,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from .bundle import Bundle
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
-from .errors import InputError
+from .errors import BundleError, InputError
 from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_MADE_IN,
                      TAG_INPUTS_UNRECORDED,
                      TAG_REPLAYED, WEIGHT_KINDS, Record, dtype_name, module_label, record_name)
@@ -327,11 +327,15 @@ class Capture:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="tensorprobe-capture-")
             out = Path(self._tmpdir.name) / "bundle"
         kw = {} if self.shard_bytes is None else {"shard_bytes": self.shard_bytes}
-        self._writer = BundleWriter(
-            out, model=self.model_info, capture={"level": self.level, "keep": self.keep,
-                                                 "include": _pattern(self.include), "exclude": _pattern(self.exclude),
-                                                 "replay_rng": self.replay.tape.origin if self.replay else None},
-            inputs=inputs, reuse_buffers=self.keep == "full", **kw)
+        try:
+            self._writer = BundleWriter(
+                out, model=self.model_info, capture={"level": self.level, "keep": self.keep,
+                                                     "include": _pattern(self.include),
+                                                     "exclude": _pattern(self.exclude),
+                                                     "replay_rng": self.replay.tape.origin if self.replay else None},
+                inputs=inputs, reuse_buffers=self.keep == "full", **kw)
+        except OSError as e:         # before the forward: the output directory, not the model, is at fault
+            raise BundleError(_unwritable(out, e)) from None
         self._modules = ModuleStack()
         self._recorder = _Recorder(self._writer, self.keep, self.include, self.exclude, self.channel_dim,
                                    self.on_record)
@@ -526,6 +530,30 @@ def _generator_state() -> bytes:
     return bytes(torch.default_generator.get_state().numpy())
 
 
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Raise `BundleError` unless a bundle can be written at `path`: an existing directory we may write in, or
+    a new one we may create (probed with a temporary directory in its nearest existing parent, removed
+    again). Called before anything runs, so a bad `-o` is named as such, not as the model's failure."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise BundleError(f"{p}: exists and is not a directory; choose another output directory")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BundleError(f"cannot create the output directory {p}: {parent} is not a directory")
+    try:
+        tempfile.TemporaryDirectory(prefix=".tensorprobe-probe-", dir=parent).cleanup()
+    except OSError as e:
+        where = "" if parent == p else f" ({parent} refuses new directories)"
+        raise BundleError(f"cannot write the bundle to {p}{where}: {e.strerror or type(e).__name__}") from None
+
+
+def _unwritable(path: Path, e: OSError) -> str:
+    reason = e.strerror or type(e).__name__
+    return f"cannot write the bundle to {path}: {reason}{f' ({e.filename})' if e.filename else ''}"
+
+
 def _compile(pattern: str | None, what: str) -> re.Pattern | None:
     if pattern is None:
         return None
@@ -541,7 +569,7 @@ def _pattern(p: re.Pattern | None) -> str | None:
 
 
 
-__all__ = ["Capture", "capture", "module_label"]
+__all__ = ["Capture", "capture", "check_output_dir", "module_label"]
 
 
 from ._api import make_callable  # noqa: E402

@@ -81,10 +81,12 @@ def capture(
 ) -> None:
     """Capture every intermediate tensor of TARGET into a bundle directory."""
     from ..capture import capture as capture_model
+    from ..capture import check_output_dir
     from ..targets import load_target
 
     t0 = time.perf_counter()
     options = parse_options(option)
+    check_output_dir(out)      # a bad -o is named before anything loads or runs
     from ..runtimes import runtime_for_artifact
 
     artifact_runtime = runtime_for_artifact(target) if ":" not in target else None
