@@ -284,9 +284,11 @@ def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precisio
         own, unit = prec.own(r, c), prec.unit(r, c)
         if r.kind in WEIGHT_KINDS or r.kind in (KIND_MODEL_INPUT, KIND_RNG) or r.stats.kind in ("int", "bool"):
             # a dequantised weight is judged within one quantisation step, but passes on only rounding: what its
-            # quantisation does to the forward is the quantized port's error, reported as such
-            conv = weight_floor(r, c, quantization=False) if (c is not None and r.kind in WEIGHT_KINDS) else \
-                (own if c is not None and c.dtype != r.dtype else 0.0)
+            # quantisation does to the forward is the quantized port's error, reported as such. What it passes on is
+            # its expected rounding (one unit of the conversion), not the WEIGHT_UNITS margin it is judged with:
+            # the margin is applied once, at the record judged (NOISE_UNITS), not once per weight on the way
+            conv = weight_floor(r, c, quantization=False) / WEIGHT_UNITS if (c is not None and r.kind in WEIGHT_KINDS) \
+                else (own if c is not None and c.dtype != r.dtype else 0.0)
             out[r.name] = (conv, conv, False, 0, unit)
             continue
         if r.stats.kind == "float" and rms(r.stats) == 0.0:
