@@ -169,9 +169,10 @@ def nan(
             origin = _run_forward(target, find_first_nonfinite_backward, step.model, step.args, step.loss_fn,
                                   full=not stop_at_origin)
     elif _names_a_bundle(target):
-        if not Path(target).exists():
-            raise InputError(f"{target}: no such bundle (a directory with manifest.json, a .safetensors or a .npz "
-                             "file), and not a model TARGET, which must look like file.py:factory or "
+        if not Path(target).exists() and not Path(target).suffix:
+            # a bare name could have meant either: say what both look like
+            raise InputError(f"{target}: no such bundle (expected a directory with manifest.json, a .safetensors or "
+                             "a .npz file), and not a model TARGET, which must look like file.py:factory or "
                              "package.module:factory")
         origin = find_nonfinite_in_bundle(Bundle.open(target))
     else:

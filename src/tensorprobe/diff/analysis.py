@@ -27,12 +27,10 @@ from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN, Noise, measured_floor, sensitivity)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
-                     STATUS_PASS, STATUS_SHAPE, Amplifier, CallSeries, Criteria, DiffReport, PairResult)
+                     STATUS_PASS, STATUS_SHAPE, TAG_READS_QUANTIZED, Amplifier, CallSeries, Criteria, DiffReport,
+                     PairResult)
 
 TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
-# a pair whose candidate record reads a value made with quantized arithmetic that has no reference counterpart
-# (the rescale after ConvInteger): computed from quantized arithmetic though not tagged quantized itself
-TAG_READS_QUANTIZED = "reads_quantized"
 MAX_AMPLIFIERS = 10
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
 INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own

@@ -21,6 +21,9 @@ STATUS_NOT_PROVEN = "not_proven"    # compared by statistics only, which show no
 # How a pair was compared: every element (floats), exactly (integers, bools), by content fingerprint
 # (weights), or by statistics alone (a side kept no tensor: divergences are proven, a match is not).
 METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST, METHOD_STATS = "elementwise", "exact", "digest", "statistics"
+# a pair whose candidate record reads a value made with quantized arithmetic that has no reference counterpart
+# (the rescale after ConvInteger): computed from quantized arithmetic though not tagged quantized itself
+TAG_READS_QUANTIZED = "reads_quantized"
 
 VERDICT_MATCH = "match"
 VERDICT_DIVERGED = "diverged"

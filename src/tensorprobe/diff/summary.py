@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 
 from ..record import KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
-from .analysis import TAG_READS_QUANTIZED
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
-from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS,
+from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_READS_QUANTIZED,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
 
 
