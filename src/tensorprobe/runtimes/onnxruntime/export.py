@@ -8,6 +8,7 @@ import inspect
 import io
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 
 from ...errors import InputError, TargetError
 from ...hooks import module_hooks
-from .names import MODULE_OUTPUTS_KEY, SCOPE_KEY
+from .names import MODULE_OUTPUT_NODES_KEY, MODULE_OUTPUTS_KEY, SCOPE_KEY
 from .session import save_model
 
 EXPORTERS = ("dynamo", "legacy")
@@ -39,18 +40,18 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     model = model.eval()
     # The forward first, in PyTorch: a model that cannot run on these inputs (a wrong shape or dtype) is
     # that error, not an exporter's failure. The same run gives the shapes of tuple-returning modules.
-    shapes = forward_shapes(model, tuple(inputs))
+    outputs = forward_outputs(model, tuple(inputs))
     try:
         with contextlib.redirect_stdout(sink), warnings.catch_warnings(), torch.no_grad(), _exporter_logs_quiet():
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 prog = torch.onnx.export(model, tuple(inputs), dynamo=True, input_names=names, verbose=False, **kw)
                 proto = prog.model_proto
-                _stamp_scopes(proto, prog.exported_program, model, shapes)
+                _stamp_scopes(proto, prog.exported_program, model, outputs, tuple(inputs))
                 save_model(proto, path)
             else:
                 torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, input_names=names, **kw)
-                _add_tuple_shapes(path, shapes)
+                _add_tuple_shapes(path, outputs.shapes)
     except (TargetError, InputError):
         raise
     except Exception as e:
@@ -60,10 +61,10 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     return path
 
 
-def forward_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list[list[int]]]:
-    """`tuple_output_shapes`, with an exception of the model's own forward as one InputError line."""
+def forward_outputs(model: torch.nn.Module, inputs: tuple) -> "ModuleOutputs":
+    """`module_outputs`, with an exception of the model's own forward as one InputError line."""
     try:
-        return tuple_output_shapes(model, inputs)
+        return module_outputs(model, inputs)
     except (TargetError, InputError):
         raise
     except Exception as e:
@@ -122,12 +123,13 @@ def _input_names(model: torch.nn.Module, n: int) -> list[str]:
     return names + [f"input_{i}" for i in range(len(names), n)]
 
 
-def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, shapes: dict[str, list[list[int]]]) -> None:
+def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, outputs: "ModuleOutputs", inputs: tuple) -> None:
     """Write each node's module chain into `tensorprobe.scope` metadata, named as PyTorch capture names it.
 
     Paths are canonical (a module shared by several parents keeps its first name, as in
     `named_modules()`), call indices count calls of the module object in execution order, and the
-    output shapes of modules returning several tensors go into the model's metadata.
+    output shapes of modules returning several tensors go into the model's metadata, with the graph node
+    that computes each output where shapes alone cannot tell them apart (`tied_output_nodes`).
     """
     import json
 
@@ -159,7 +161,11 @@ def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, shapes: dict[str,
             entry = node.metadata_props.add()
             entry.key, entry.value = SCOPE_KEY, json.dumps(chains[m.group(1)])
     entry = proto.metadata_props.add()
-    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(shapes)
+    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(outputs.shapes)
+    nodes = tied_output_nodes(ep, chains, outputs, inputs)
+    if nodes:
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = MODULE_OUTPUT_NODES_KEY, json.dumps(nodes)
 
 
 def _add_tuple_shapes(path: Path, shapes: dict[str, list[list[int]]]) -> None:
@@ -173,11 +179,22 @@ def _add_tuple_shapes(path: Path, shapes: dict[str, list[list[int]]]) -> None:
     save_model(proto, path)
 
 
-def tuple_output_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list[list[int]]]:
-    """{"path@call": [shape, ...]} for every module call that returns more than one tensor (one forward)."""
+@dataclass
+class ModuleOutputs:
+    """The module calls that return several tensors, from one eager forward."""
+
+    shapes: dict[str, list[list[int]]]      # {"path@call": [shape, ...]}
+    tied: dict[str, list[torch.Tensor]]     # calls with two outputs of one shape: their values (LSTMCell's h, c)
+    rng_state: torch.Tensor | None = None   # the generator state the forward started from
+
+
+def module_outputs(model: torch.nn.Module, inputs: tuple) -> ModuleOutputs:
+    """Shapes of every module call that returns more than one tensor (one forward); the values too where
+    two of them share a shape, since only their values can tell which graph value is which output."""
     from torch.utils._pytree import tree_flatten
 
     shapes: dict[str, list[list[int]]] = {}
+    tied: dict[str, list[torch.Tensor]] = {}
     calls: dict[str, int] = {}
 
     def hook(path: str):
@@ -187,11 +204,103 @@ def tuple_output_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list
             flat = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
             if len(flat) > 1:
                 shapes[f"{path}@{call}"] = [list(t.shape) for t in flat]
+                if len({tuple(t.shape) for t in flat}) < len(flat):
+                    tied[f"{path}@{call}"] = [t.detach().clone() for t in flat]
         return fn
 
+    state = torch.random.get_rng_state()
     with module_hooks(model.named_modules(), post=hook), torch.no_grad():
         model(*inputs)
-    return shapes
+    return ModuleOutputs(shapes, tied, state)
+
+
+def tuple_output_shapes(model: torch.nn.Module, inputs: tuple) -> dict[str, list[list[int]]]:
+    """{"path@call": [shape, ...]} for every module call that returns more than one tensor (one forward)."""
+    return module_outputs(model, inputs).shapes
+
+
+def tied_output_nodes(ep: Any, chains: dict[str, list[tuple[str, int]]], outputs: ModuleOutputs,
+                      inputs: tuple) -> dict[str, list[str | None]]:
+    """{"path@call": [fx node name per output]} for module calls whose outputs share a shape.
+
+    Which value leaving a module's scope is its first output cannot be told by shape, nor by the order the
+    graph computes them (`LSTMCell` computes c before h, returns (h, c)). The exported program runs once
+    more, keeping only those candidate values, and each output takes the candidate closest to it.
+    Any failure leaves the shape-and-order rule in place.
+    """
+    if not outputs.tied:
+        return {}
+    keys = {k: (k.rsplit("@", 1)[0], int(k.rsplit("@", 1)[1])) for k in outputs.tied}
+    candidates: dict[str, list[str]] = {}
+    for node in ep.graph.nodes:
+        inside = set(chains.get(node.name, ()))
+        for k, key in keys.items():
+            if key in inside and any(key not in set(chains.get(u.name, ())) for u in node.users):
+                candidates.setdefault(k, []).append(node.name)
+    try:
+        values = _run_exported(ep, inputs, {n for names in candidates.values() for n in names},
+                               outputs.rng_state)
+    except Exception:   # a program that will not run eagerly here: keep the order rule
+        return {}
+    found = {}
+    for k, outs in outputs.tied.items():
+        free = [n for n in candidates.get(k, []) if n in values]
+        picks: list[str | None] = []
+        for out in outs:
+            same = [n for n in free if tuple(values[n].shape) == tuple(out.shape)]
+            best = min(same, key=lambda n: _distance(values[n], out), default=None)
+            if best is not None:
+                free.remove(best)
+            picks.append(best)
+        found[k] = picks
+    return found
+
+
+def _run_exported(ep: Any, inputs: tuple, wanted: set[str], rng_state: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The values of the nodes `wanted` when the exported program runs on `inputs`."""
+    from torch.export.graph_signature import InputKind
+    from torch.utils._pytree import tree_flatten
+
+    user = iter(tree_flatten(inputs)[0])
+    args = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            args.append(next(user))
+        else:
+            args.append(ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target])
+    values: dict[str, torch.Tensor] = {}
+    last = max((i for i, n in enumerate(ep.graph.nodes) if n.name in wanted), default=-1)
+
+    class Tap(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            out = super().run_node(n)
+            if n.name in wanted and isinstance(out, torch.Tensor):
+                values[n.name] = out.detach().clone()
+            self.seen = getattr(self, "seen", 0) + 1
+            if self.seen > last:
+                raise _Enough   # the rest of the program is not needed
+            return out
+
+    after = torch.random.get_rng_state()
+    try:
+        if rng_state is not None:
+            torch.random.set_rng_state(rng_state)   # the eager forward's draws, as far as the program draws alike
+        with torch.no_grad():
+            Tap(ep.graph_module).run(*args)
+    except _Enough:
+        pass
+    finally:
+        torch.random.set_rng_state(after)
+    return values
+
+
+class _Enough(Exception):
+    """Stops the exported program once every value wanted is computed."""
+
+
+def _distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    a64, b64 = a.detach().double().nan_to_num(), b.detach().double().nan_to_num()
+    return float((a64 - b64).norm() / (b64.norm() + 1e-30))
 
 
 # ---- inputs ----------------------------------------------------------------------------------------

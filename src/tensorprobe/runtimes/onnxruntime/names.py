@@ -17,7 +17,9 @@ Where the module scope of a node comes from, first match wins:
 4. a legacy-exporter node name `/a/b.0/c/OpType_3` (a repeated call shows up as `c_1`);
 5. with mapping rules, a node none of the above names is at the root. Without rules, nodes with none of these (added by an optimizer or by `onnxruntime.quantization`) are grouped into
    connected clusters; a cluster takes the module of a parameter it reads (`conv.weight_quantized` ->
-   `conv`), else the module of the latest node feeding it, else of the first node it feeds.
+   `conv`), else the innermost module holding both the scoped node feeding it last and the one it feeds
+   first; with a scoped node on one side only (an op appended after the last module, or put before
+   the first) it is the root's own code.
 
 A module's output is the data value (one that depends on a graph input) produced inside the module's
 scope and consumed outside it; one such value is named like the PyTorch module record (`path`, `path@call`),
@@ -38,6 +40,7 @@ from ...record import TAG_QSTEP, TAG_QUANTIZED, TAG_STANDS_FOR, record_name
 
 SCOPE_KEY = "tensorprobe.scope"
 MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples
+MODULE_OUTPUT_NODES_KEY = "tensorprobe.module_output_nodes"   # {"path@call": [fx node, ...]} where shapes tie
 ANGLE_OPS = {"Atan"}
 ANGLE_PASS_OPS = {"Where", "Add", "Sub", "Neg", "ScatterND", "ScatterElements", "Identity"}
 RNG_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -209,6 +212,7 @@ class GraphNamer:
             self.types.setdefault(init.name, init.data_type)
         meta = {p.key: p.value for p in model.metadata_props}
         self.module_shapes: dict[str, list] = json.loads(meta.get(MODULE_OUTPUTS_KEY, "{}"))
+        self.module_output_nodes: dict[str, list] = json.loads(meta.get(MODULE_OUTPUT_NODES_KEY, "{}"))
         self.nodes = list(self.graph.node)
         self.rules = rules or MappingRules()
         self.initializers = {i.name for i in self.graph.initializer}
@@ -304,7 +308,11 @@ class GraphNamer:
     def _cluster_scope(self, members: list[int], chains: list[Chain | None]) -> Chain:
         """The scope of connected nodes that carry none: the innermost module holding both the scoped
         node that feeds them last and the one that reads them first. Ops between two submodules belong
-        to their common parent (an activation between conv1 and conv2 is the block's), not to either."""
+        to their common parent (an activation between conv1 and conv2 is the block's), not to either.
+        Ops with scoped nodes on one side only (reading no module's weights: those were given their
+        module before) sit at an edge of the graph, between the model's inputs or outputs and its modules:
+        they are the root's own code. A scale or a log a user appended after the last conv is the model's,
+        not the conv's, however deep that conv (or the If branch it was inlined from) is nested."""
         mset = set(members)
         feeding = [self.producer[v] for i in members for v in node_inputs(self.nodes[i])
                    if v in self.producer and self.producer[v] not in mset and chains[self.producer[v]] is not None]
@@ -313,7 +321,7 @@ class GraphNamer:
         before = chains[max(feeding)] or () if feeding else None
         after = chains[min(fed)] or () if fed else None
         if before is None or after is None:
-            return (before if after is None else after) or ()
+            return ()
         common = 0
         while common < min(len(before), len(after)) and before[common] == after[common]:
             common += 1
@@ -367,7 +375,15 @@ class GraphNamer:
             return {values[-1]: None}
         slots: dict[str, int | None] = {}
         free = list(range(len(shapes)))
+        nodes = self.module_output_nodes.get(f"{key[0]}@{key[1]}") or []
+        for v in values:   # outputs of one shape: the graph node the export matched to each, by value
+            fx = self._fx_node(v)
+            if fx is not None and fx in nodes and nodes.index(fx) in free:
+                slots[v] = nodes.index(fx)
+                free.remove(slots[v])
         for v in values:
+            if v in slots:
+                continue
             shape = self.shapes.get(v)
             same = [i for i in free if shape is not None and tuple(shapes[i]) == shape]
             if same:
@@ -379,6 +395,14 @@ class GraphNamer:
             slots[v] = pick
             free.remove(pick)
         return slots
+
+    def _fx_node(self, value: str) -> str | None:
+        """The exported program's node that the ONNX node making `value` comes from (dynamo exports)."""
+        i = self.producer.get(value)
+        if i is None:
+            return None
+        m = re.match(r"^%(\S+) :", _meta(self.nodes[i]).get("pkg.torch.onnx.fx_node", ""))
+        return m.group(1) if m else None
 
     def plan(self) -> list[ValuePlan]:
         """One ValuePlan per non-constant node output, in graph (topological) order.
