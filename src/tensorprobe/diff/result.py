@@ -147,6 +147,9 @@ class PairResult:
     floor_reason: str | None = None     # why the floor is what it is (noise rule): rounding, measured, capped
     modelled_floor: float | None = None  # what the noise model alone would allow (the floor may be lower)
     beyond_floor: bool = False          # fails only because its error exceeds `floor` (a measurement may lift it)
+    # inputs of a failing record whose error is its own that were not paired and compared: (name, why), why
+    # "unpaired" or "not compared" (diff.evidence); while any is listed, "its inputs are identical" is unproven
+    uncompared_inputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -187,6 +190,7 @@ class PairResult:
             "floor": jfloat(self.floor), "floor_reason": self.floor_reason, "floor_modelled": jfloat(self.modelled_floor),
             "rounding": jfloat(self.rounding), "cause": self.cause, "origin": self.origin,
             "explanation": self.explanation, "input_name": self.input_name,
+            "uncompared_inputs": [{"name": n, "why": why} for n, why in self.uncompared_inputs],
         }
 
 
@@ -255,6 +259,8 @@ class DiffReport:
     incomplete: tuple[str, ...] = ()        # "the candidate bundle is incomplete: its capture stopped after ..."
     reduced_precision: str | None = None    # why the candidate is not a same-precision port ("float16"), or None
     levels: str | None = None               # "the reference was captured at module level and the candidate at op level: ..."
+    renames: str | None = None              # "... the candidate's blocks.N look like the reference's layers.N ...: try --map ..."
+    suggested_rules: tuple[str, ...] = ()   # the mapping rules `renames` offers (candidate name -> reference name)
 
     @property
     def verdict(self) -> str:
@@ -333,7 +339,8 @@ class DiffReport:
             "amplifiers": [a.to_dict() for a in self.amplifiers], "rng_note": self.rng_note,
             "rng_differs": list(self.rng_differs), "environment_notes": list(self.environment_notes),
             "notes": list(self.notes), "incomplete": list(self.incomplete), "counts": self.counts(),
-            "reduced_precision": self.reduced_precision, "levels": self.levels,
+            "reduced_precision": self.reduced_precision, "levels": self.levels, "renames": self.renames,
+            "suggested_rules": list(self.suggested_rules),
             "ref_only": list(self.ref_only), "cand_only": list(self.cand_only),
             "shape_mismatches": list(self.shape_mismatches),
             "not_comparable": [{"name": p.name, "dtype": p.dtype, "cand_name": p.cand_name,

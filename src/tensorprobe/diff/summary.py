@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from ..record import KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
+from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
+from .evidence import NOT_COMPARED, UNPAIRED, made_in
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_READS_QUANTIZED,
@@ -113,6 +114,8 @@ def summarize(r: DiffReport) -> str:
     text = compared_words(r) + " "
     if r.levels:     # first: every other sentence is about what little lined up
         text = r.levels + " " + text
+    if r.renames:    # first too: renamed modules leave the records that would say most unpaired
+        text = _sentence(r.renames) + " " + text
     if r.incomplete:
         text = " ".join(n[0].upper() + n[1:] + "." for n in r.incomplete) + " " + text
     if verdict == VERDICT_CONSISTENT:
@@ -172,6 +175,7 @@ def _weights_words(r: DiffReport) -> str:
     how = (f"relative error {err:.2g}" if first.rel_err is not None else
            f"relative error at least {err:.2g}" if err else "; ".join(first.reasons))
     more = f", and {len(bad) - 1} more" if len(bad) > 1 else ""
+    how = f"a buffer, {how}" if first.kind == KIND_BUFFER else how
     text = f"Weights differ: {first.name} ({how}){more}."
     div = r.get(r.first_divergence)
     if div is not None and div.kind != KIND_MODEL_INPUT:
@@ -208,7 +212,7 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
     if p.kind == KIND_MODEL_INPUT:
         return " The model inputs already differ: compare the inputs before blaming a layer."
     if p.cause == CAUSE_WEIGHTS:
-        return f" It reads weight {p.origin}, which differs."
+        return _weight_cause_words(r, p)
     if p.cause == CAUSE_RANDOM:
         if p.origin != p.name and p.explanation and r.get(p.origin) is None:   # a draw with no counterpart
             return f" {_sentence(p.explanation)}"
@@ -226,6 +230,8 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
                 f"amplifies{g}{words}.")
     if p.cause == CAUSE_OWN and p.explanation:     # NaN/Inf born here, with its diagnosis
         return f" {_sentence(p.explanation)}"
+    if p.cause == CAUSE_OWN and (p.uncompared_inputs or made_in(p.tags, p.module) is not None):
+        return _uncompared_words(p)
     if p.cause == CAUSE_OWN and p.method != METHOD_STATS:
         if p.input_rel_err:
             return (f" The error is its own: its inputs differ by at most {p.input_rel_err:.2g}, which its op "
@@ -238,6 +244,36 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
                     "(not proven identical).")
         return " The error enters here: no recorded value it is computed from differs."
     return ""
+
+
+def _weight_cause_words(r: DiffReport, p: PairResult) -> str:
+    """' It reads buffer body.scale, which differs.', or, where a parent's own code read it on the way in:
+    ' Its input is made by body's own code, which reads buffer body.scale, which differs.'"""
+    w = r.get(p.origin)
+    what = f"{'buffer' if w is not None and w.kind == KIND_BUFFER else 'weight'} {p.origin}"
+    code = made_in(p.tags, p.module)
+    if code is not None and w is not None and w.module == code and w.module != p.module:
+        return f" Its input is made by {module_label(code)}'s own code, which reads {what}, which differs."
+    return f" It reads {what}, which differs."
+
+
+def _uncompared_words(p: PairResult) -> str:
+    """The error is first seen here, but not every input was compared: say which were not, and what the
+    compared ones show. (Never "its inputs are identical": nothing proved it.)"""
+    parts = []
+    code = made_in(p.tags, p.module)
+    if code is not None:
+        parts.append(f"made by {module_label(code)}'s own code, which no record shows (capture at --level op to see it)")
+    for why in (UNPAIRED, NOT_COMPARED):
+        names = [n for n, w in p.uncompared_inputs if w == why]
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            parts.append(f"{why}: {', '.join(names[:3])}{more}")
+    shown = ("; the compared records it is computed from agree" if p.input_rel_err == 0 else
+             f"; the compared records it is computed from differ by at most {p.input_rel_err:.2g}"
+             if p.input_rel_err else "")
+    return (f" The error enters here or in what feeds it: its inputs were not compared ({'; '.join(parts)})"
+            f"{shown}.")
 
 
 def _sentence(text: str) -> str:
