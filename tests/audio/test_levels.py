@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from .audio_signals import RATES, at_level, as_stored, healthy_signal, statuses, t
@@ -124,7 +124,9 @@ def _made_stuck(x: np.ndarray, how: str, rng: np.random.Generator, sr: int) -> n
         return np.abs(x).max() * (1 + 1e-4 * rng.standard_normal(x.size))
     # a held value, away from zero and below the clip level (a hold at full scale is clipping)
     candidates = np.flatnonzero((np.abs(x) > 0.3 * np.abs(x).max()) & (np.abs(x) < 0.9 * np.abs(x).max()))
-    i = int(rng.choice(candidates[candidates < x.size - sr // 20]))
+    candidates = candidates[candidates < x.size - sr // 20]
+    assume(candidates.size > 0)   # a 0.1 s draw may have no room for a 50 ms hold
+    i = int(rng.choice(candidates))
     y = x.copy()
     y[i:i + int(rng.uniform(0.01, 0.05) * sr) + 1] = x[i]
     return y

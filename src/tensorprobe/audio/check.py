@@ -275,13 +275,64 @@ def to_unit_scale(x: np.ndarray) -> tuple[np.ndarray, bool]:
 # ---------------------------------------------------------------------------------------------- checks
 
 @dataclass(frozen=True)
+class Encoding:
+    """Full scale of a sample encoding at unit scale, on each polarity, and its step near full scale.
+
+    Two's-complement PCM is asymmetric: 16-bit holds -32768 but only +32767, so its positive full scale is
+    1 - 2⁻¹⁵ and +0.99 is written as 0.98999. Clipping is judged against each polarity's own full scale, less
+    one step (the rounding of the write), so a signal clipped at ±0.99 counts the same as float or as PCM.
+    """
+
+    name: str
+    positive: float
+    negative: float
+    step: float
+
+    @classmethod
+    def pcm(cls, bits: int, name: str | None = None) -> "Encoding":
+        step = 2.0 ** -(bits - 1)
+        return cls(name or f"PCM_{bits}", 1.0 - step, 1.0, step)
+
+    @classmethod
+    def of(cls, subtype: str | None, dtype: np.dtype | None = None) -> "Encoding | None":
+        """The encoding of a libsndfile subtype (PCM_16, ULAW, ...) or of an integer dtype; None for float."""
+        if subtype is not None and subtype.upper() in _COMPANDED:
+            return _COMPANDED[subtype.upper()]
+        bits = _PCM_BITS.get((subtype or "").upper())
+        if bits:
+            return cls.pcm(bits, subtype.upper())
+        if dtype is not None and np.issubdtype(dtype, np.integer):
+            return cls.pcm(np.iinfo(dtype).bits, str(dtype))
+        return None
+
+    def clip_levels(self, clip_level: float) -> tuple[float, float]:
+        """(positive, negative) magnitudes from which a sample may be clipped."""
+        return clip_level * self.positive - self.step, clip_level * self.negative - self.step
+
+
+_PCM_BITS = {"PCM_S8": 8, "PCM_U8": 8, "PCM_16": 16, "PCM_24": 24, "PCM_32": 32}
+# µ-law and A-law (G.711) decode to at most 32124/32768 and 32256/32768, in steps of 1024/32768 there.
+_COMPANDED = {"ULAW": Encoding("ULAW", 32124 / 32768, 32124 / 32768, 1024 / 32768),
+              "ALAW": Encoding("ALAW", 32256 / 32768, 32256 / 32768, 1024 / 32768)}
+
+
+@dataclass(frozen=True)
 class _Signal:
-    """What the checks share: samples at unit scale as (frames, channels), and a finite mask."""
+    """What the checks share: samples at unit scale as (frames, channels), a finite mask, and the encoding
+    (None for float audio, or integer-valued audio whose encoding is not known)."""
 
     x: np.ndarray
     finite: np.ndarray
     sample_rate: float
     is_float: bool
+    encoding: Encoding | None = None
+
+    def clip_levels(self, t: "Thresholds") -> tuple[float, float]:
+        """(positive, negative) magnitudes at or beyond which a sample may be clipped."""
+        if self.encoding is None or self.is_float:
+            level = t.clip_level * t.full_scale if self.is_float else t.clip_level
+            return level, level
+        return self.encoding.clip_levels(t.clip_level)
 
     @property
     def frames(self) -> int:
@@ -480,7 +531,7 @@ def check_near_constant(s: _Signal, t: Thresholds) -> Verdict:
                     f"std {abs(figure):.1f} dB below RMS (channel {worst.channel})", **details)
 
 
-def _held_runs(v: np.ndarray, t: Thresholds, clip_level: float) -> tuple[int, int]:
+def _held_runs(v: np.ndarray, t: Thresholds, clip_levels: tuple[float, float]) -> tuple[int, int]:
     """(longest run of one held value, its start) among samples at least `stuck_level_db` from the channel's
     peak: a run of zeros (or near-zeros) is a pause, not a stuck output, and samples at the clip level are left to
     the clipping check. Not measured from the mean: an output frozen for most of its length drags the mean
@@ -489,7 +540,7 @@ def _held_runs(v: np.ndarray, t: Thresholds, clip_level: float) -> tuple[int, in
     if v.size < 2 or peak == 0:
         return 0, 0
     tolerance = 1e-6 * peak   # below one LSB of 16-bit PCM: integer audio must repeat exactly
-    away = (np.abs(v) >= 10 ** (t.stuck_level_db / 20) * peak) & (np.abs(v) < clip_level)
+    away = (np.abs(v) >= 10 ** (t.stuck_level_db / 20) * peak) & ~_at_clip_level(v, clip_levels)
     held = away[1:] & away[:-1] & (np.abs(np.diff(v)) <= tolerance)
     if not held.any():
         return 0, 0
@@ -507,9 +558,9 @@ def check_stuck(s: _Signal, t: Thresholds) -> Verdict:
                         "near-constant (reported by the near_constant check)")
     if s.sample_rate <= 0 or not math.isfinite(s.sample_rate):
         return _skipped("stuck", ERROR, "s", "no valid sample rate")
-    clip_level = t.clip_level * t.full_scale if s.is_float else t.clip_level
+    levels = s.clip_levels(t)
     values = s.channel_values()
-    runs = [(*_held_runs(v, t, clip_level), c) for c, v in enumerate(values)]
+    runs = [(*_held_runs(v, t, levels), c) for c, v in enumerate(values)]
     frames, start, channel = max(runs, key=lambda r: r[0])
     seconds = frames / s.sample_rate
     value = float(values[channel][start]) if frames else None
@@ -537,9 +588,14 @@ def check_dc_offset(s: _Signal, t: Thresholds) -> Verdict:
                     f"|mean| {abs(ch.mean):.3g}, {share:.2%} of the peak", **details)
 
 
-def _clipped_runs(v: np.ndarray, level: float, min_run: int) -> tuple[int, int, int]:
-    """(clipped samples, longest flat run, samples at/above level) for one channel's samples."""
-    over = np.abs(v) >= level
+def _at_clip_level(v: np.ndarray, levels: tuple[float, float]) -> np.ndarray:
+    positive, negative = levels
+    return (v >= positive) | (v <= -negative)
+
+
+def _clipped_runs(v: np.ndarray, levels: tuple[float, float], min_run: int) -> tuple[int, int, int]:
+    """(clipped samples, longest flat run, samples at/above the clip level) for one channel's samples."""
+    over = _at_clip_level(v, levels)
     if v.size == 0 or not over.any():
         return 0, 0, 0
     flat = over[1:] & over[:-1] & (np.abs(np.diff(v)) <= 1e-6)
@@ -552,14 +608,16 @@ def _clipped_runs(v: np.ndarray, level: float, min_run: int) -> tuple[int, int, 
 
 
 def check_clipping(s: _Signal, t: Thresholds) -> Verdict:
-    level = t.clip_level * t.full_scale if s.is_float else t.clip_level
-    per_channel = [_clipped_runs(v, level, max(1, int(t.clip_min_run))) for v in s.channel_values()]
+    levels = s.clip_levels(t)
+    per_channel = [_clipped_runs(v, levels, max(1, int(t.clip_min_run))) for v in s.channel_values()]
     clipped = sum(p[0] for p in per_channel)
     longest = max(p[1] for p in per_channel)
     near = sum(p[2] for p in per_channel)
     total = max(1, int(s.finite.sum()))
     share = clipped / total
-    details = {"clipped_samples": clipped, "longest_run": longest, "near_full_scale_share": near / total}
+    details = {"clipped_samples": clipped, "longest_run": longest, "near_full_scale_share": near / total,
+               "levels": list(levels), "encoding": s.encoding.name if s.encoding and not s.is_float else
+               ("float" if s.is_float else None)}
     msg = (f"{share:.2%} of samples clipped ({clipped} in flat runs at full scale, longest run {longest})")
     if share > t.clip_share_error:
         return _verdict("clipping", ERROR, share, "share", t.clip_share_error, ERROR, "clipped: " + msg, **details)
@@ -624,7 +682,7 @@ _UNITS = {"scale": "peak", "silence": "dBFS", "near_constant": "dB", "stuck": "s
 
 
 def check(array: Any, sample_rate: float, thresholds: Thresholds | None = None, *, source: str = "<array>",
-          is_float: bool | None = None) -> AudioReport:
+          is_float: bool | None = None, encoding: str | None = None) -> AudioReport:
     """Check one waveform and return an `AudioReport` (never raises on odd values; only on non-numeric input).
 
     Args:
@@ -635,6 +693,9 @@ def check(array: Any, sample_rate: float, thresholds: Thresholds | None = None, 
         thresholds: limits of the checks (`Thresholds()` by default).
         source: a name for the report (a file path).
         is_float: override whether the data is float audio (the `scale` check runs only on float audio).
+        encoding: the libsndfile subtype the samples were read from or will be written as ("PCM_16", "ULAW",
+            ...): clipping is judged at that encoding's full scale on each polarity. Integer arrays carry it
+            in their dtype.
 
     Returns:
         `AudioReport`; `.status` is "error", "warning" or "ok", `.verdict(name)` gives one check.
@@ -656,7 +717,8 @@ def check(array: Any, sample_rate: float, thresholds: Thresholds | None = None, 
     except InputError as e:
         return _layout_failure(raw, sr, str(e), source, t)
     x, float_data = to_unit_scale(frames)
-    s = _Signal(x=x, finite=np.isfinite(x), sample_rate=sr, is_float=float_data if is_float is None else is_float)
+    s = _Signal(x=x, finite=np.isfinite(x), sample_rate=sr, is_float=float_data if is_float is None else is_float,
+                encoding=Encoding.of(encoding, raw.dtype))
     verdicts = [check_length(s, t), check_sample_rate(s, t), check_channels(s, t, layout)]
     verdicts += _signal_verdicts(s, t)
     note = quiet_note(s, t, any(v.status == ERROR for v in verdicts)) if s.finite.any() else None

@@ -99,7 +99,7 @@ def check_file(path: str | os.PathLike, thresholds: Thresholds | None = None) ->
         'ok'
     """
     f = load(path)
-    report = check(f.data, f.sample_rate, thresholds, source=str(path), is_float=f.is_float)
+    report = check(f.data, f.sample_rate, thresholds, source=str(path), is_float=f.is_float, encoding=f.subtype)
     return dataclasses.replace(report, dtype=f"{f.format} {f.subtype}")
 
 
@@ -146,7 +146,7 @@ def save(path: str | os.PathLike, array: Any, sample_rate: int, *, normalize: bo
             x = np.clip(x, -1.0, 1.0)
             notes.append(f"{over} samples above full scale were clipped to ±1.0 for {subtype}")
     _write_atomic(p, x, int(sample_rate), fmt, subtype)
-    report = check(x, sample_rate, t, source=str(p), is_float=subtype in FLOAT_SUBTYPES)
+    report = check(x, sample_rate, t, source=str(p), is_float=subtype in FLOAT_SUBTYPES, encoding=subtype)
     return report.with_notes(*notes, f"written as {fmt} {subtype}")
 
 
