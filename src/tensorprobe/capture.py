@@ -47,7 +47,7 @@ from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import BundleError, InputError
 from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_MADE_IN,
-                     TAG_INPUTS_UNRECORDED,
+                     TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT,
                      TAG_REPLAYED, WEIGHT_KINDS, Record, dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
 from .hooks import (ModuleStack, module_tensors, module_types, op_base_name, op_full_name, op_tensors,
@@ -159,6 +159,8 @@ class _OpMode(TorchDispatchMode):
         tags = ("angle",) if base in ANGLE_OPS else ()
         if is_rng and replayed:
             tags += (TAG_REPLAYED,)
+        if _nonfinite_scalar(args, kwargs):   # ±Inf it writes is a constant's: a mask, for `nan`
+            tags += (TAG_NONFINITE_CONSTANT,)
         multi = len(flat_out) > 1
         op = op_full_name(func)
         for i, t in enumerate(flat_out):
@@ -174,6 +176,14 @@ class _OpMode(TorchDispatchMode):
         if name is not None:
             for t in flat_out:
                 self.recorder.producer[t] = name
+
+
+def _nonfinite_scalar(args: tuple, kwargs: dict | None) -> bool:
+    """A Python float argument that is ±Inf or NaN (`masked_fill(m, -inf)`, `F.pad(x, p, value=-inf)`)."""
+    for a in (*args, *(kwargs or {}).values()):
+        if type(a) is float and a - a != 0.0:   # inf - inf and nan - nan are NaN
+            return True
+    return False
 
 
 # Python entry points that draw random numbers. At module level the dispatch mode is entered only inside

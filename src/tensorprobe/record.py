@@ -66,6 +66,9 @@ TAG_INPUTS_UNRECORDED = "inputs_unrecorded"
 # Tag prefix beside it, followed by the module path whose own code made that input ("" for the root): the parent
 # of the outermost module call that received it (it may have been handed down through several calls).
 TAG_INPUTS_MADE_IN = "inputs_made_in:"
+# Tag of an op-level record whose op read a non-finite scalar argument (`masked_fill(m, -inf)`, `x + float("-inf")`):
+# ±Inf it holds from finite inputs is that constant's, a deliberate mask (`nan.masks`), not an overflow.
+TAG_NONFINITE_CONSTANT = "nonfinite_constant"
 # The op of a record read from a plain tensor file (`.safetensors`, `.npz`): nothing is known of what made it.
 OP_UNKNOWN = "tensor"
 

@@ -343,7 +343,7 @@ def test_onnx_runtime_records_carry_the_same_evidence(tmp_path, keep):
                                                 keep=keep))
     assert o.op == "Log" and o.output.shape == (1, 1, 64)
     text = " ".join(o.diagnosis)
-    assert "log of" in text and not NORM_WORDS.search(text.replace("a variance or another statistic", "")), text
+    assert "Log of" in text and not NORM_WORDS.search(text.replace("a variance or another statistic", "")), text
 
 
 # ---- the backward search names the root as a module, never as the loss -----------------------------------

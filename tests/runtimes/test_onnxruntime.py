@@ -596,7 +596,8 @@ def test_compare_cli_passes_runtime_options_and_rejects_unknown_ones_before_runn
 
 
 def test_nan_diagnosis_rules_read_onnx_records(tmp_path):
-    """Rules are written for canonical op names: an ONNX Sqrt / Log gets the same diagnosis as aten's."""
+    """Rules are written for canonical op names: an ONNX Sqrt / Log gets the same diagnosis as aten's, in ONNX's
+    words (`Log`, not aten's `log`)."""
     from tensorprobe.nan import find_nonfinite_in_bundle
 
     class LogOfNorm(torch.nn.Module):
@@ -607,4 +608,4 @@ def test_nan_diagnosis_rules_read_onnx_records(tmp_path):
     b = get_runtime("onnxruntime").capture(LogOfNorm(), (x,), out=tmp_path / "b", keep="full")
     origin = find_nonfinite_in_bundle(b)
     assert origin.found and origin.op == "Log"                   # the ONNX node, as ONNX names it
-    assert any(d.startswith("log of 32 negative values") for d in origin.diagnosis), origin.diagnosis
+    assert any(d.startswith("Log of 32 negative values") for d in origin.diagnosis), origin.diagnosis   # ONNX's name

@@ -129,17 +129,28 @@ def _capture_artifact(target: str, out: Path, runtime: str, inputs: Optional[Pat
 
 
 def _report_capture(bundle: Bundle, seconds: float, json_out: bool) -> None:
+    from ..nan import find_nonfinite_in_bundle
+
     nonfinite = [r for r in bundle if not r.stats.all_finite]
     stored = sum(1 for r in bundle if r.has_tensor)
+    # ±Inf a constant writes on purpose (a mask), consumed before any output, is no warning: `nan` tells
+    origin = find_nonfinite_in_bundle(bundle) if nonfinite else None
+    masks = origin.masks if origin is not None else ()
     if json_out:
         emit_json("capture", "ok", {"bundle": str(bundle.path), "records": len(bundle), "stored_tensors": stored,
-                                    "nonfinite_records": len(nonfinite), "seconds": round(seconds, 3),
+                                    "nonfinite_records": len(nonfinite), "nan_finding": bool(origin and origin.found),
+                                    "masks": [m.to_dict() for m in masks], "seconds": round(seconds, 3),
                                     "complete": bundle.complete})
         return
     console.print(f"wrote [bold]{escape(str(bundle.path))}[/]: {len(bundle)} records ({stored} with tensors) "
                   f"in {seconds:.2f}s")
-    if nonfinite:
-        console.print(f"[red]{len(nonfinite)} records hold NaN/Inf; first: {escape(nonfinite[0].name)}[/] "
+    if origin is not None and masks and not origin.found:
+        console.print(f"info: {len(nonfinite)} record{'s' if len(nonfinite) > 1 else ''} hold ±Inf written on purpose "
+                      f"(masks: {escape(', '.join(m.record for m in masks[:4]))}), consumed before any output")
+    elif nonfinite:
+        masked = {m.record for m in masks} | {n for m in masks for n in m.carried_by}
+        first = next((r for r in nonfinite if r.name not in masked), nonfinite[0])
+        console.print(f"[red]{len(nonfinite)} records hold NaN/Inf; first: {escape(first.name)}[/] "
                       f"(run `tensorprobe nan {escape(str(bundle.path))}` for the origin)")
 
 

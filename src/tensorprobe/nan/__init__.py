@@ -5,6 +5,8 @@
                `diagnose_record(bundle, name)`: the finding for a record the caller already knows
 - `computation` `OpNode`: how a value was computed, as recorded (the evidence a diagnosis may cite)
 - `diagnose`   the plain-words rules, one function each, in `RULES`
+- `masks`      deliberate ±Inf (`Mask`): what a constant writes on purpose (`masked_fill(m, -inf)`, an ONNX `Pad`
+               with a -inf initializer) is no finding until it reaches a model output or an op makes NaN of it
 - `origin`     `NanOrigin`, the finding
 
 `find_first_nonfinite` runs the forward once under a `TorchDispatchMode` that checks every op output
@@ -26,8 +28,9 @@ from __future__ import annotations
 from typing import Any
 
 from .in_bundle import diagnose_record, find_nonfinite_in_bundle
-from .origin import (CAUSE_MODEL_INPUT, CAUSE_OP, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED, CAUSE_UNTRACKED,
-                     NanOrigin, Spread, TensorSummary)
+from .masks import Mask
+from .origin import (CAUSE_MASK_OUTPUT, CAUSE_MODEL_INPUT, CAUSE_OP, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED,
+                     CAUSE_UNTRACKED, NanOrigin, Spread, TensorSummary)
 
 
 def __getattr__(name: str) -> Any:
@@ -38,5 +41,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CAUSE_MODEL_INPUT", "CAUSE_OP", "CAUSE_PARAMETER", "CAUSE_RECORD", "CAUSE_UNRECORDED", "CAUSE_UNTRACKED",
-           "NanOrigin", "Spread", "TensorSummary", "diagnose_record", "find_first_nonfinite", "find_nonfinite_in_bundle"]
+__all__ = ["CAUSE_MASK_OUTPUT", "CAUSE_MODEL_INPUT", "CAUSE_OP", "CAUSE_PARAMETER", "CAUSE_RECORD", "CAUSE_UNRECORDED",
+           "CAUSE_UNTRACKED", "Mask", "NanOrigin", "Spread", "TensorSummary", "diagnose_record", "find_first_nonfinite",
+           "find_nonfinite_in_bundle"]

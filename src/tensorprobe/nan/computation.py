@@ -48,6 +48,8 @@ class OpNode:
         same_inputs: every tensor it read is one value (`x * x`).
         nonneg: its output is known to hold no negative value (None: not known).
         name: the record name, where there is one.
+        label: how a finding names the op, where it differs from `op`: the producer's own name (ONNX
+            `ReduceMean`, not aten's `mean`).
     """
 
     op: str
@@ -55,6 +57,7 @@ class OpNode:
     same_inputs: bool = False
     nonneg: bool | None = None
     name: str = ""
+    label: str = ""
 
     @property
     def computed_inputs(self) -> list["OpNode"]:
@@ -114,7 +117,7 @@ def chain_text(node: OpNode | None, limit: int = 4) -> str | None:
     recorded input back at most `limit` ops; None when nothing was recorded."""
     ops: list[str] = []
     while node is not None and len(ops) < limit:
-        ops.append(node.op)
+        ops.append(node.label or node.op)
         computed = node.computed_inputs
         node = computed[0] if computed else None
     return " → ".join(reversed(ops)) if ops else None

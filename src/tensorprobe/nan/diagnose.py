@@ -10,7 +10,7 @@ A new rule is one function added to `RULES`.
     >>> ev = Evidence(op="Sqrt", module_type="InstanceNorm1d",
     ...               inputs=[np.array([[[0.5], [-0.2]]])], output=np.array([[[0.7], [np.nan]]]))
     >>> diagnose(ev)[0]
-    'sqrt of 1 negative value (input min -0.2).'
+    'Sqrt of 1 negative value (input min -0.2).'
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..ops import canonical_op
 from ..record import dtype_name
 from ..stats import TensorStats, compute_stats
 from .computation import OpNode, chain_text, statistic_of
+from .masks import mask_nan_text, new_infinities, new_infinities_text
 
 # Largest finite value of each float dtype (by name: bfloat16 has no NumPy dtype).
 FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38,
@@ -62,8 +63,11 @@ class Evidence:
     computation: tuple[OpNode | None, ...] = ()
     module: str = ""
     running_var: TensorStats | None = None   # the norm's stored running variance (eval-mode batch norms)
+    op_name: str = ""   # how the text names the op: the producer's own name (`op_label`), from `op` by default
+    masks_in: str = ""  # the deliberate masks (±Inf from a constant) its inputs carry, as a finding names them
 
     def __post_init__(self) -> None:
+        self.op_name = self.op_name or op_label(self.op)
         self.op = canonical_op(self.op)
         if self.inputs and not self.input_dtypes:
             self.input_dtypes = [dtype_name(getattr(t, "dtype", "")) for t in self.inputs]
@@ -80,6 +84,19 @@ class Evidence:
     def float_inputs(self) -> list[tuple[np.ndarray, str]]:
         """(values, dtype name) of the floating-point inputs with elements."""
         return [(t, d) for t, d in zip(self.inputs, self.input_dtypes) if t.dtype.kind == "f" and t.size]
+
+
+def op_label(op: str) -> str:
+    """How a finding names an op: aten's base name for a PyTorch op (`rsqrt`), a module's class for a module-level
+    record, and the producer's own name for any other (ONNX `Pad`, `Sqrt`, a TVM kernel): rules match on
+    `canonical_op`, the text keeps what the user's runtime calls it.
+
+        >>> op_label("aten.rsqrt.default"), op_label("Pad"), op_label("module:InstanceNorm1d")
+        ('rsqrt', 'Pad', 'InstanceNorm1d')
+    """
+    if op.startswith(("aten.", "aten::", "aten_", "prims.", "quantized.", "module:")):
+        return canonical_op(op)
+    return op
 
 
 def exp_overflow_threshold(dtype: Any) -> float:
@@ -105,7 +122,7 @@ def normalization_reason(ev: Evidence) -> str | None:
     The op itself is a normalization kernel, or its module's class is a normalization (module level), or,
     where no class was recorded, its module is named like one."""
     if ev.op in _NORM_OPS:
-        return f"{ev.op} is a normalization kernel"
+        return f"{ev.op_name} is a normalization kernel"
     if is_norm_type(ev.module_type):
         return f"it runs in {ev.module_type.removeprefix('module:')}"
     if not ev.module_type and ev.module and _NORM_NAME.search(ev.module.rsplit(".", 1)[-1]):
@@ -166,7 +183,7 @@ def unexplained_negative_input(ev: Evidence, low: float, high: float, negative: 
               if ev.computation else "of unrecorded origin")
     return (f"Its input ranges over [{low:.4g}, {high:.4g}] ({negative}), {origin}: nothing recorded computes it "
             f"as a variance or another statistic that cannot be negative, so the values are negative as "
-            f"computed. {ev.op} is defined for {_domain_text(ev.op)}: keep its input in the domain "
+            f"computed. {ev.op_name} is defined for {_domain_text(ev.op)}: keep its input in the domain "
             f"(clamp(min=eps), abs, softplus, or exp of a log-domain value), or find why it goes negative.")
 
 
@@ -180,16 +197,16 @@ def _rule_negative_domain(ev: Evidence) -> list[str]:
     zero = int(np.count_nonzero(x == 0))
     out = []
     if neg and ev.op != "log1p":
-        out.append(f"{ev.op} of {neg} negative value{'s' if neg > 1 else ''} (input min {float(x.min()):.3g}).")
+        out.append(f"{ev.op_name} of {neg} negative value{'s' if neg > 1 else ''} (input min {float(x.min()):.3g}).")
         finite = x[np.isfinite(x)]
         out.append(statistic_cause(ev) or unexplained_negative_input(
             ev, float(finite.min()), float(finite.max()), f"{neg:,} of {x.size:,} values negative"))
     if zero and ev.op in ("rsqrt", *_LOG_OPS):
         what = "1/sqrt(0) = Inf" if ev.op == "rsqrt" else "log(0) = -Inf"
-        out.append(f"{ev.op} of {zero} exact zero{'s' if zero > 1 else ''}: {what}. Add an epsilon or a floor "
-                   f"(e.g. clamp(min=1e-5)) before {ev.op}.")
+        out.append(f"{ev.op_name} of {zero} exact zero{'s' if zero > 1 else ''}: {what}. Add an epsilon or a floor "
+                   f"(e.g. clamp(min=1e-5)) before {ev.op_name}.")
     if ev.op == "log1p" and np.count_nonzero(x < -1):
-        out.append(f"log1p of {int(np.count_nonzero(x < -1))} values below -1.")
+        out.append(f"{ev.op_name} of {int(np.count_nonzero(x < -1))} values below -1.")
     return out
 
 
@@ -198,7 +215,7 @@ def _rule_unit_domain(ev: Evidence) -> list[str]:
         return []
     x = ev.float_inputs[0][0]
     bad = int(np.count_nonzero(np.abs(x) > 1))
-    return [f"{ev.op} of {bad} values outside [-1, 1] (|x| max {float(np.abs(x).max()):.4g}); clamp the input."] if bad else []
+    return [f"{ev.op_name} of {bad} values outside [-1, 1] (|x| max {float(np.abs(x).max()):.4g}); clamp the input."] if bad else []
 
 
 def _rule_exp_overflow(ev: Evidence) -> list[str]:
@@ -210,7 +227,7 @@ def _rule_exp_overflow(ev: Evidence) -> list[str]:
     if not mx > limit:
         return []
     over = int(np.count_nonzero(x > limit))
-    return [f"{ev.op} overflow: input max {mx:.4g} exceeds {limit:.1f}, the largest exponent {dtype} can "
+    return [f"{ev.op_name} overflow: input max {mx:.4g} exceeds {limit:.1f}, the largest exponent {dtype} can "
             f"hold ({over} value{'s' if over > 1 else ''} over it); exp(x) multiplies any upstream error by its "
             "output. Check the scale of the values feeding it (seed 000's spec = exp(x_post))."]
 
@@ -249,7 +266,7 @@ def _rule_overflow(ev: Evidence) -> list[str]:
         return []
     dt = ev.output_dtype or "float32"
     mx = FLOAT_MAX.get(dt, FLOAT_MAX["float32"])
-    return [f"{ev.op} overflowed the {dt} range (max {mx:.4g}): {st.posinf + st.neginf} results are ±Inf. "
+    return [f"{ev.op_name} overflowed the {dt} range (max {mx:.4g}): {st.posinf + st.neginf} results are ±Inf. "
             "Accumulate in float32, or rescale the values before this op."]
 
 
@@ -268,8 +285,18 @@ def _rule_channel_pattern(ev: Evidence) -> list[str]:
             "for them. The next op that mixes channels (a convolution) will make every channel non-finite."]
 
 
+def _rule_mask(ev: Evidence) -> list[str]:
+    """An op that read a deliberate mask (±Inf from a constant) and made NaN of it, or ±Inf of its own beside it."""
+    if not ev.masks_in or ev.output_stats is None:
+        return []
+    if ev.output_stats.nan:
+        return [mask_nan_text(ev.op_name, ev.op, ev.masks_in, ev.inputs, ev.output)]
+    count = new_infinities(ev.output, ev.inputs) if ev.output is not None else None
+    return [new_infinities_text(ev.op_name, ev.masks_in, count)]
+
+
 RULES: list[Callable[[Evidence], list[str]]] = [
-    _rule_negative_domain, _rule_unit_domain, _rule_exp_overflow, _rule_division, _rule_normalization,
+    _rule_mask, _rule_negative_domain, _rule_unit_domain, _rule_exp_overflow, _rule_division, _rule_normalization,
     _rule_overflow, _rule_channel_pattern, _rule_reduced_precision,
 ]
 
@@ -282,24 +309,25 @@ def diagnose(ev: Evidence) -> list[str]:
     if not out or all(r in _rule_reduced_precision(ev) + _rule_channel_pattern(ev) for r in out):
         st = ev.output_stats
         what = f"{st.nan} NaN and {st.posinf + st.neginf} ±Inf values" if st else "non-finite values"
-        out.insert(0, f"{ev.op} produced {what} from finite inputs.")
+        out.insert(0, f"{ev.op_name} produced {what} from finite inputs.")
     return out
 
 
 def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats],
                         output_stats: TensorStats, *, computation: tuple[OpNode | None, ...] = (),
                         module: str = "", subject: str | None = None,
-                        running_var: TensorStats | None = None) -> list[str]:
+                        running_var: TensorStats | None = None, masks_in: str = "") -> list[str]:
     """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only).
 
     `module_type` is the class of the op's module (`module:InstanceNorm1d` for a module-level record), ""
     when unknown; `computation` how its inputs were made (`Evidence.computation`); `module` its path;
     `subject` how the text names the record (default: the op); `running_var` the statistics of the module's
-    stored running variance, where the bundle holds it."""
+    stored running variance, where the bundle holds it; `masks_in` the deliberate masks its inputs carry."""
+    label = op_label(op)
     op = canonical_op(op) if not op.startswith("module:") else op.removeprefix("module:")
     ev = Evidence(op=op, module_type=module_type, output_stats=output_stats, computation=computation, module=module,
-                  running_var=running_var)
-    out = _negative_domain_from_stats(ev, input_stats)
+                  running_var=running_var, op_name=label, masks_in=masks_in)
+    out = _rule_mask(ev) + _negative_domain_from_stats(ev, input_stats)
     stored = running_variance_cause(ev) if in_normalization(ev) else None
     if stored:
         out.insert(0, stored)
@@ -311,7 +339,7 @@ def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats
             out.append(f"exp input max {mx:.4g}: overflows float16 above ~11.1 and float32 above ~88.7.")
     out.extend(_rule_channel_pattern(ev))
     if not out:
-        out.append(f"{subject or op} is the first record holding non-finite values ({output_stats.nan} NaN, "
+        out.append(f"{subject or label} is the first record holding non-finite values ({output_stats.nan} NaN, "
                    f"{output_stats.posinf + output_stats.neginf} ±Inf); capture with level='op', keep='full' "
                    "for a finer diagnosis.")
     return out
@@ -322,7 +350,7 @@ def _negative_domain_from_stats(ev: Evidence, input_stats: list[TensorStats]) ->
     st = input_stats[0] if input_stats else None
     if ev.op not in _NEG_DOMAIN_OPS or ev.op == "log1p" or st is None or st.min is None or not st.min < 0:
         return []
-    head = f"{ev.op} of negative values (input min {st.min:.3g})."
+    head = f"{ev.op_name} of negative values (input min {st.min:.3g})."
     return [head, statistic_cause(ev) or unexplained_negative_input(ev, st.min, st.max, "some values negative")]
 
 

@@ -13,13 +13,16 @@ from dataclasses import replace
 from ..bundle import Bundle
 from ..errors import BundleError
 from ..ops import NAN_FREE_OPS, canonical_op
-from ..record import (KIND_INPUT, KIND_MODEL_INPUT, TAG_INPUTS_MADE_IN, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record, module_label,
-                      module_place)
+from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_PARAM, TAG_INPUTS_MADE_IN,
+                      TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT, WEIGHT_KINDS, Record, module_label, module_place)
 from ..stats import TensorStats
 from .computation import MAX_DEPTH, OpNode
 from .diagnose import (VARIANCE_ADVICE, Evidence, diagnose, diagnose_from_stats, in_normalization,
-                       normalization_input_evidence, running_variance_cause)
-from .origin import CAUSE_MODEL_INPUT, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED, NanOrigin, TensorSummary
+                       normalization_input_evidence, op_label, running_variance_cause)
+from .masks import (MaskSources, adds_infinities, adds_infinities_by_count, constant_mask_value, infinity_sign,
+                    is_elementwise, is_fill_op, mask_output_text)
+from .origin import (CAUSE_MASK_OUTPUT, CAUSE_MODEL_INPUT, CAUSE_PARAMETER, CAUSE_RECORD, CAUSE_UNRECORDED, NanOrigin,
+                     TensorSummary)
 
 
 def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
@@ -29,6 +32,9 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
     dump. With stored tensors (keep="full") the diagnosis looks at the values; otherwise at statistics. A
     cause is named only where the bundle shows it: the op graph (`Record.inputs`) for how a value was
     computed, the module's class (module level, or the manifest's `module_types`) for a normalization.
+
+    ±Inf that a constant writes on purpose (a mask: `nan.masks`) is not a finding while no model output holds it
+    and no op turns it into NaN; the masks met are in `NanOrigin.masks`, found or not.
     """
     b = bundle if isinstance(bundle, Bundle) else Bundle.open(bundle)
     ctx = _Context(b)
@@ -36,25 +42,68 @@ def find_nonfinite_in_bundle(bundle: Bundle | str) -> NanOrigin:
         if r.stats.all_finite:
             continue
         if r.kind == KIND_MODEL_INPUT:
-            return NanOrigin(found=True, cause=CAUSE_MODEL_INPUT, record=r.name,
-                             output=TensorSummary(r.name, r.shape, r.dtype, r.stats),
-                             diagnosis=(f"Model input {r.name} is already non-finite "
-                                        f"({r.stats.finite_frac:.4%} finite).",), ops_checked=len(ctx.records))
+            return ctx.with_masks(NanOrigin(
+                found=True, cause=CAUSE_MODEL_INPUT, record=r.name, output=TensorSummary(r.name, r.shape, r.dtype, r.stats),
+                diagnosis=(f"Model input {r.name} is already non-finite ({r.stats.finite_frac:.4%} finite).",),
+                ops_checked=len(ctx.records)))
         if r.kind in WEIGHT_KINDS:
-            return NanOrigin(found=True, cause=CAUSE_PARAMETER, record=r.name, module=r.module,
-                             output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=(
-                                 f"{'Parameter' if r.kind == 'param' else 'Buffer'} {r.name} holds {r.stats.nan} NaN "
-                                 f"and {r.stats.posinf + r.stats.neginf} ±Inf values: the checkpoint or training run "
-                                 "is broken (exploding gradients?), not the forward.",), ops_checked=len(ctx.records))
+            if ctx.constant_mask(r):
+                continue
+            return ctx.with_masks(NanOrigin(
+                found=True, cause=CAUSE_PARAMETER, record=r.name, module=r.module,
+                output=TensorSummary(r.name, r.shape, r.dtype, r.stats), diagnosis=(
+                    f"{'Parameter' if r.kind == 'param' else 'Buffer'} {r.name} holds {r.stats.nan} NaN "
+                    f"and {r.stats.posinf + r.stats.neginf} ±Inf values: the checkpoint or training run "
+                    "is broken (exploding gradients?), not the forward.",), ops_checked=len(ctx.records)))
         ins = [ctx.by_name[n] for n in r.inputs if n in ctx.by_name]
-        if any(not i.stats.all_finite for i in ins):
+        bad = [i for i in ins if not i.stats.all_finite]
+        if bad and all(i.name in ctx.held for i in bad):   # it read deliberate masks only
+            masks_in = ctx.masks.named(frozenset().union(*(ctx.held[i.name] for i in bad)))
+            if r.stats.nan or _adds_infinities(ctx, r, ins):
+                return ctx.with_masks(_bundle_origin(ctx, r, ins, masks_in=masks_in))
+            ctx.carry(r, bad)
+            continue
+        if bad:
             continue  # inherited, not born here
         if r.kind == KIND_INPUT:
-            return _before_the_call(ctx, r)
+            return ctx.with_masks(_before_the_call(ctx, r))
+        if _makes_mask(r):
+            ctx.make_mask(r)
+            continue
         if _cannot_make_nan(r, ins):
-            return _unrecorded_origin(ctx, r)
-        return _bundle_origin(ctx, r, ins)
-    return NanOrigin(found=False, ops_checked=len(ctx.records), incomplete=_incomplete(b))
+            return ctx.with_masks(_unrecorded_origin(ctx, r))
+        return ctx.with_masks(_bundle_origin(ctx, r, ins))
+    leak = next((r for r in ctx.records if r.kind == KIND_MODEL_OUTPUT and r.name in ctx.held), None)
+    if leak is not None:
+        return ctx.with_masks(_mask_reaches_output(ctx, leak))
+    return ctx.with_masks(NanOrigin(found=False, ops_checked=len(ctx.records), incomplete=_incomplete(b)))
+
+
+def _makes_mask(r: Record) -> bool:
+    """r's ±Inf, made from finite recorded inputs, are a constant's: r holds no NaN and its op read a non-finite
+    constant argument (capture's `nonfinite_constant` tag) or only copies and fills (`masks.FILL_OPS`)."""
+    return not r.stats.nan and (TAG_NONFINITE_CONSTANT in r.tags or is_fill_op(r.op))
+
+
+def _adds_infinities(ctx: _Context, r: Record, ins: list[Record]) -> bool:
+    """An elementwise op that read masks and makes ±Inf of its own beside them: by place where the bundle holds
+    the values, by count where it holds statistics."""
+    if not is_elementwise(r.op):
+        return False
+    if r.has_tensor and ins and all(i.has_tensor for i in ins):
+        return adds_infinities(r.op, ctx.b.numpy(r.name), [ctx.b.numpy(i.name) for i in ins])
+    return adds_infinities_by_count(r.op, r.stats, r.stats.numel, [(i.stats, i.stats.numel) for i in ins])
+
+
+def _mask_reaches_output(ctx: _Context, out: Record) -> NanOrigin:
+    """A model output holds ±Inf carried from a deliberate mask: the finding names where the mask is made."""
+    roots = ctx.held[out.name]
+    first = ctx.masks.get(min(roots))
+    text = mask_output_text(out.name, out.stats.posinf + out.stats.neginf, ctx.masks.named(roots))
+    return NanOrigin(found=True, cause=CAUSE_MASK_OUTPUT, record=first.record, op=first.op, module=first.module,
+                     module_type=(ctx.types.get(first.module) or None) if first.module is not None else None,
+                     source=first.source, output=TensorSummary(out.name, out.shape, out.dtype, out.stats),
+                     diagnosis=(text,), ops_checked=len(ctx.records), note=_incomplete(ctx.b))
 
 
 def diagnose_record(bundle: Bundle | str, name: str) -> NanOrigin:
@@ -83,6 +132,31 @@ class _Context:
             types.setdefault("", model["class"])
         self.types: dict[str, str] = types
         self._nodes: dict[str, OpNode | None] = {}
+        self.masks = MaskSources()
+        self.held: dict[str, frozenset[int]] = {}   # record name -> the masks whose ±Inf it holds
+
+    def constant_mask(self, r: Record) -> bool:
+        """A weight that is a mask constant (`masks.constant_mask_value`) starts a mask; a PyTorch parameter, which
+        training changes, never does (ONNX initializers, buffers and other constants may)."""
+        value = constant_mask_value(r.stats) if r.op != KIND_PARAM else None
+        if value is not None:
+            self.held[r.name] = self.masks.new(r.name, r.op, r.module, value, r.stats.nonfinite, constant=r.name)
+        return value is not None
+
+    def make_mask(self, r: Record) -> None:
+        """r writes a constant's ±Inf (`_makes_mask`)."""
+        constant = "a non-finite argument" if TAG_NONFINITE_CONSTANT in r.tags else None
+        self.held[r.name] = self.masks.new(r.name, r.op, r.module, infinity_sign(r.stats), r.stats.nonfinite,
+                                           constant=constant, source=r.source)
+
+    def carry(self, r: Record, bad: list[Record]) -> None:
+        """r holds ±Inf carried from the masks its inputs hold."""
+        roots = frozenset().union(*(self.held[i.name] for i in bad))
+        self.held[r.name] = roots
+        self.masks.carried(roots, r.name)
+
+    def with_masks(self, origin: NanOrigin) -> NanOrigin:
+        return replace(origin, masks=self.masks.masks()) if self.masks else origin
 
     def place(self, module: str) -> str:
         """The module as a finding names it: the root with the model's class."""
@@ -109,7 +183,7 @@ class _Context:
             same = len(r.inputs) >= 2 and len(set(r.inputs)) == 1
             nonneg = None if r.stats.min is None else bool(r.stats.min >= 0)
             self._nodes[key] = OpNode(canonical_op(r.op), tuple(self.node(n, depth - 1) for n in r.inputs),
-                                      same_inputs=same, nonneg=nonneg, name=r.name)
+                                      same_inputs=same, nonneg=nonneg, name=r.name, label=op_label(r.op))
         return self._nodes[key]
 
 
@@ -213,7 +287,7 @@ def _subject(ctx: _Context, r: Record) -> str:
     return ctx.place(r.module) if r.op.startswith("module:") or "/" not in r.name else r.name
 
 
-def _bundle_origin(ctx: _Context, r: Record, ins: list[Record]) -> NanOrigin:
+def _bundle_origin(ctx: _Context, r: Record, ins: list[Record], masks_in: str = "") -> NanOrigin:
     b = ctx.b
     base = canonical_op(r.op)
     computation = ctx.computation(r)
@@ -222,11 +296,11 @@ def _bundle_origin(ctx: _Context, r: Record, ins: list[Record]) -> NanOrigin:
         diagnosis = diagnose(Evidence(op=base, module_type=ctx.type_of(r), inputs=[b.numpy(i.name) for i in ins],
                                       output=b.numpy(r.name), input_dtypes=[i.dtype for i in ins],
                                       output_dtype=r.dtype, computation=computation, module=r.module,
-                                      running_var=running_var))
+                                      running_var=running_var, op_name=op_label(r.op), masks_in=masks_in))
     else:
         diagnosis = diagnose_from_stats(r.op, ctx.type_of(r), [i.stats for i in ins], r.stats,
                                         computation=computation, module=r.module, subject=_subject(ctx, r),
-                                        running_var=running_var)
+                                        running_var=running_var, masks_in=masks_in)
     stored = running_variance_cause(Evidence(op=base, module=r.module, running_var=running_var))
     if stored:   # a wrong buffer, not a computed variance: the input's channels are beside the point
         diagnosis = [d for d in diagnosis if not d.startswith(VARIANCE_ADVICE)]

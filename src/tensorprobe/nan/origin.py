@@ -7,6 +7,7 @@ from typing import Any
 
 from ..record import OP_UNKNOWN, dtype_name, module_place
 from ..stats import TensorStats, compute_stats
+from .masks import Mask
 
 CAUSE_OP = "op"
 CAUSE_MODEL_INPUT = "model_input"
@@ -14,6 +15,7 @@ CAUSE_PARAMETER = "parameter"
 CAUSE_UNTRACKED = "untracked_input"
 CAUSE_RECORD = "record"
 CAUSE_UNRECORDED = "unrecorded_value"   # born in a value the bundle does not hold (a kernel not tapped)
+CAUSE_MASK_OUTPUT = "mask_reaches_output"   # ±Inf a constant wrote on purpose (a mask) is still in a model output
 # The module path the backward search names the loss function's ops under (`loss/log.0`); the model's own
 # root module is "" and is never "the loss".
 LOSS_MODULE = "loss"
@@ -76,6 +78,9 @@ class NanOrigin:
     # A module-level record whose input no record made: the NaN may have been born in this module's parent's
     # own code before the call (`<root> (Model)`); None when the bundle shows it was born in the module.
     or_born_in: str | None = None
+    # ±Inf written on purpose by constants (`nan.masks`), met before the finding or in a clean run: not findings
+    # while no model output holds them and no op turns them into NaN
+    masks: tuple[Mask, ...] = ()
 
     def headline(self) -> str:
         if not self.found and self.incomplete:
@@ -84,6 +89,11 @@ class NanOrigin:
         if not self.found and self.direction == "backward":
             return (f"No NaN or Inf in the backward pass: forward, loss and the gradients of all "
                     f"{self.ops_checked} backward ops are finite.")
+        if not self.found and self.masks:
+            n = len(self.masks)
+            return (f"No NaN or Inf born: every model output is finite, and the only ±Inf {'is' if n == 1 else 'are'} "
+                    f"{n} deliberate mask{'s' if n > 1 else ''} (±Inf written by a constant), consumed before any "
+                    "output.")
         if not self.found:
             return f"No NaN or Inf: all {self.ops_checked} op outputs are finite."
         if self.direction == "backward":
@@ -101,6 +111,12 @@ class NanOrigin:
         if self.cause == CAUSE_PARAMETER:
             return f"Parameter {self.record} is non-finite: the weights were broken before the forward ran."
         where = module_place(self.module or "", self.module_type)
+        if self.cause == CAUSE_MASK_OUTPUT:
+            out = self.output.name if self.output else "a model output"
+            m = next((m for m in self.masks if m.record == self.record), None)
+            what = (f"The {m.value} constant {m.record} ({m.op})" if m is not None and m.constant == m.record
+                    else f"A deliberate {m.value if m else '±inf'} mask written by {self.op} in {where} ({self.record})")
+            return f"{what} reaches the model output {out}: nothing after it consumes the ±Inf"
         pattern = self.output.stats.channel_pattern() if self.output else None
         tail = f" — {pattern}" if pattern else ""
         if self.cause == CAUSE_UNRECORDED and self.op is None:
@@ -136,4 +152,5 @@ class NanOrigin:
             "headline": self.headline(), "note": self.note, "incomplete": self.incomplete,
             "direction": self.direction, "backward_op": self.backward_op, "elements": self.elements,
             "reaches": list(self.reaches), "masked": self.masked, "or_born_in": self.or_born_in,
+            "masks": [m.to_dict() for m in self.masks],
         }

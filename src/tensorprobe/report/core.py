@@ -32,6 +32,7 @@ def render_nan_origin(console: Console, origin: NanOrigin) -> None:
     style = "bold red" if origin.found else "bold yellow" if origin.incomplete else "bold green"
     console.print(f"[{style}]{escape(origin.headline())}[/]")
     if not origin.found:
+        _render_masks(console, origin)
         return
     if origin.record:
         console.print(f"  record: [cyan]{escape(origin.record)}[/]")
@@ -61,6 +62,13 @@ def render_nan_origin(console: Console, origin: NanOrigin) -> None:
             console.print(f"  {escape(s.module)}: {s.finite_frac:.2%} finite" + (f" — {escape(s.pattern)}" if s.pattern else ""))
     if origin.note:
         console.print(f"[yellow]note:[/] {escape(origin.note)}")
+    _render_masks(console, origin)
+
+
+def _render_masks(console: Console, origin: NanOrigin) -> None:
+    """Deliberate ±Inf (masks) met on the way: information, not findings."""
+    for m in origin.masks:
+        console.print(f"[dim]info:[/] deliberate mask: {escape(m.describe())}")
 
 
 def select_records(bundle: Bundle, pattern: str | None = None, nonfinite_only: bool = False) -> Iterable[Record]:
