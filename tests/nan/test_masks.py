@@ -200,6 +200,50 @@ def test_a_buffer_holding_nan_or_scattered_inf_is_still_a_broken_weight():
     assert constant_mask_value(scattered) is None     # several finite values: not a fill
 
 
+class Encoder(nn.Module):
+    """PyTorch's own transformer encoder with a key padding mask: its attention turns the bool mask into -inf
+    (`masked_fill_`) itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, x, pad):
+        return self.enc(x, src_key_padding_mask=pad)
+
+
+def _padded(emptied: bool = False):
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    if emptied:
+        pad[1] = True     # a sequence padded throughout
+    return Encoder().eval(), x, pad
+
+
+def test_torch_transformer_padding_is_a_mask_live_and_in_its_onnx_export(tmp_path):
+    """nn.TransformerEncoder masks padded keys with -inf: clean live, in an op-level capture and in the ONNX export.
+    With a sequence padded throughout, eager PyTorch's attention still gives finite values (its softmax makes
+    rows masked throughout 0) while the ONNX export's Softmax makes NaN of them: the port's finding, at its op."""
+    pytest.importorskip("onnxruntime")
+    from tensorprobe.runtimes import get_runtime
+
+    model, x, pad = _padded()
+    o = _live(model, x, pad)
+    assert not o.found and o.masks[0].record == "enc/masked_fill_.0" and o.masks[0].count == 2, o.headline()
+    assert not tp.find_nonfinite_in_bundle(tp.capture(model, x, pad, level="op", out=tmp_path / "t")).found
+    o = tp.find_nonfinite_in_bundle(get_runtime("onnxruntime").capture(model, (x, pad), out=tmp_path / "o"))
+    assert not o.found and [m.op for m in o.masks] == ["Where"], o.headline()
+
+    model, x, pad = _padded(emptied=True)
+    assert not _live(model, x, pad).found
+    o = tp.find_nonfinite_in_bundle(get_runtime("onnxruntime").capture(model, (x, pad), out=tmp_path / "e"))
+    assert o.found and o.op == "Softmax" and o.module == "enc.layers.0.self_attn", o.headline()
+    assert o.output.stats.nan == 2 * 5 * 5                  # 2 heads × 5 queries × 5 keys of the padded sequence
+    assert "10 of its rows" in o.diagnosis[0], o.diagnosis
+
+
 # ---- the ONNX export of the same model, run by ONNX Runtime -----------------------------------------------
 
 @pytest.mark.parametrize("fill, tail, found, cause", [

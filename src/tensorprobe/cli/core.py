@@ -145,7 +145,7 @@ def _report_capture(bundle: Bundle, seconds: float, json_out: bool) -> None:
     console.print(f"wrote [bold]{escape(str(bundle.path))}[/]: {len(bundle)} records ({stored} with tensors) "
                   f"in {seconds:.2f}s")
     if origin is not None and masks and not origin.found:
-        console.print(f"info: {len(nonfinite)} record{'s' if len(nonfinite) > 1 else ''} hold ±Inf written on purpose "
+        console.print(f"info: {len(nonfinite)} record{'s hold' if len(nonfinite) > 1 else ' holds'} ±Inf written on purpose "
                       f"(masks: {escape(', '.join(m.record for m in masks[:4]))}), consumed before any output")
     elif nonfinite:
         masked = {m.record for m in masks} | {n for m in masks for n in m.carried_by}

@@ -195,7 +195,8 @@ class _NanMode(TorchDispatchMode):
         if nan or (is_elementwise(base) and new_infinities(_numpy(outputs[0]), [_numpy(t) for t in before]) > 0):
             return self.masks.sources.named(carried | made)
         self.masks.hold(outputs, carried | made)
-        self.masks.sources.carried(carried, name)
+        if base not in ALIAS_OPS:   # a view holds the same values: not one more place the mask went
+            self.masks.sources.carried(carried, name)
         return None
 
     def _source(self, func, name: str, outputs: list[torch.Tensor], constant: str) -> frozenset[int]:
