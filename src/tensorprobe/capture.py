@@ -53,6 +53,7 @@ from .stats import compute_stats, tensor_digest
 from .hooks import (ModuleStack, module_tensors, module_types, op_base_name, op_full_name, op_tensors,
                     user_source_line)
 from .ops import ALIAS_OPS, ANGLE_OPS, RNG_OPS, SKIP_OPS
+from .rng.draws import draw_tags
 from .weights import named_weights
 
 LEVELS = ("module", "op")
@@ -161,12 +162,13 @@ class _OpMode(TorchDispatchMode):
             tags += (TAG_REPLAYED,)
         if _nonfinite_scalar(args, kwargs):   # ±Inf it writes is a constant's: a mask, for `nan`
             tags += (TAG_NONFINITE_CONSTANT,)
+        drawn = draw_tags(func, args, kwargs or {}, flat_out) if is_rng else None   # what each output draws
         multi = len(flat_out) > 1
         op = op_full_name(func)
         for i, t in enumerate(flat_out):
             name = record_name(module, call, op, k, output=i if multi else None)
             rec.record(t, name=name, module=module, op=op, kind=KIND_RNG if is_rng else KIND_OUTPUT,
-                       call=call, source=source, inputs=inputs, tags=tags)
+                       call=call, source=source, inputs=inputs, tags=tags + drawn[i] if drawn else tags)
         return out
 
     def _alias(self, args: tuple, flat_out: list[torch.Tensor]) -> None:
@@ -286,6 +288,7 @@ class Capture:
         self.out = Path(out) if out is not None else None
         self.shard_bytes = shard_bytes
         self.replay = None
+        self._warnings: list[str] = []   # the manifest's warnings (draws module level cannot see, refused replays)
         if replay_rng is not None:
             from .rng import as_replay  # rng imports this module
             self.replay = as_replay(replay_rng)
@@ -389,6 +392,7 @@ class Capture:
             self._active.__exit__(None, None, None)
             if self.level == "module":
                 self._check_unseen_draws()
+            self._check_refused_draws()
             self._mode = None
         for h in self._handles:
             h.remove()
@@ -401,9 +405,19 @@ class Capture:
             return
         msg = ("the model drew random numbers that module-level capture could not record; "
                "capture with level='op' to record (and replay) them")
+        self._warn(msg)
+
+    def _check_refused_draws(self) -> None:
+        """Replay fed no draw of another distribution or parameters than the recorded one (`rng.RngReplay`):
+        each such op kept its own draw, which `diff` then reports as a difference at that op."""
+        for m in (self.replay.refused if self.replay is not None else ())[:10]:
+            self._warn(f"replay: {m.sentence()}")
+
+    def _warn(self, msg: str) -> None:
         assert self._writer is not None
-        self._writer.set_header(warnings=[msg])
-        warnings.warn(msg, stacklevel=4)
+        self._warnings.append(msg)
+        self._writer.set_header(warnings=list(self._warnings))
+        warnings.warn(msg, stacklevel=5)
 
     @contextmanager
     def _paused(self):

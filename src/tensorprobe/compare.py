@@ -24,8 +24,8 @@ import torch
 from .bundle import Bundle
 from .errors import InputError
 from .nan import CAUSE_MODEL_INPUT, NanOrigin, find_nonfinite_in_bundle
-from .ops import canonical_op
 from .record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED, parse_name
+from .rng.draws import Draw, draw_of
 from .rng.replay import RngReplay
 from .runtimes.base import workdir
 
@@ -130,7 +130,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         if not replay_rng:
             cand = capture_runtime(root)
         step("comparing")
-        view = module_view(cand, shared_draws=draws.shared if draws else ())
+        view = module_view(cand, shared_draws=draws.shared if draws else (), differ=draws.differ if draws else ())
         report = diff(ref, view, min_snr=min_snr, min_corr=min_corr, atol=atol, rtol=rtol, rules=rules, progress=None)
         ref_nan, cand_nan = find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand)
         escapes = cand_nan.found and find_nonfinite_in_bundle(view).found
@@ -188,17 +188,22 @@ class RuntimeDraws(RngReplay):
     """A runtime's random draws, fed to the PyTorch reference (`compare(..., replay_rng=True)`).
 
     A runtime names a draw by module path and its own op (`generator.m_source.l_sin_gen/RandomNormalLike.0`),
-    so each PyTorch draw takes the runtime's next unused draw of the same module call, distribution and shape.
-    A PyTorch draw with no such counterpart (one whose result the exporter removed as dead code) keeps its own
-    values. `shared` names the runtime draws the reference took.
+    so each PyTorch draw takes the runtime's next unused draw of the same module call, shape and kind of draw
+    (distribution and parameters, `rng.draws`: `randn_like` takes a RandomNormalLike of mean 0 and scale 1). A
+    PyTorch draw with no such counterpart (one whose result the exporter removed as dead code, or one the port
+    draws otherwise) keeps its own values. `shared` names the runtime draws the reference took; `differ` those
+    of the same module call and shape that draw otherwise than the PyTorch draw left without a counterpart
+    (`diff` pairs and reports them).
     """
 
     def __init__(self, bundle: Bundle, draws: list[Any]):
         super().__init__({r.name: torch.from_numpy(bundle.numpy(r.name).copy()) for r in draws})
         self.own: list[str] = []          # the reference's draws with no runtime counterpart
-        self.queues: dict[tuple[str, int, str], list[str]] = {}
+        self.differ: list[str] = []       # runtime draws that stand where the reference draws otherwise
+        self.queues: dict[tuple[str, int], list[str]] = {}
+        self.drawn = {r.name: draw_of(r) for r in draws}
         for r in draws:
-            self.queues.setdefault((r.module, r.call, _distribution(r.op)), []).append(r.name)
+            self.queues.setdefault((r.module, r.call), []).append(r.name)
 
     @classmethod
     def of(cls, bundle: Bundle) -> "RuntimeDraws | None":
@@ -210,42 +215,43 @@ class RuntimeDraws(RngReplay):
     def shared(self) -> list[str]:
         return list(self.replayed)
 
-    def _next(self, func: Any, like: torch.Tensor, name: str | None, source: str | None) -> torch.Tensor:
+    def _next(self, func: Any, like: torch.Tensor, name: str | None, source: str | None,
+              draw: Draw | None = None) -> torch.Tensor:
         module, call = parse_name(name) if name else ("", 0)
-        op = str(func) if func is not None else "bernoulli"       # a dropout's mask
-        queue = self.queues.get((module, call, _distribution(op)), [])
+        mine = draw.with_kind(like.dtype) if draw is not None else Draw("bernoulli")    # a dropout's mask
+        queue = self.queues.get((module, call), [])
         for i, key in enumerate(queue):
             t = self.tape.loader(key)
-            if tuple(t.shape) == tuple(like.shape):
+            if tuple(t.shape) == tuple(like.shape) and _alike(mine, self.drawn.get(key)):
                 queue.pop(i)
                 self.tape.used[self.tape.by_name[key]] = True
                 self.replayed.append(key)
                 return t.to(dtype=like.dtype, device=like.device)
-        self.own.append(name or op)
+        self.own.append(name or str(func))
+        self.differ += [k for k in queue if tuple(self.tape.loader(k).shape) == tuple(like.shape)
+                        and k not in self.differ][:1]
         return like
 
 
-_DISTRIBUTIONS = {"randn": "normal", "randn_like": "normal", "normal": "normal", "normal_": "normal",
-                  "rand": "uniform", "rand_like": "uniform", "uniform_": "uniform",
-                  "bernoulli": "bernoulli", "bernoulli_": "bernoulli", "native_dropout": "bernoulli"}
+def _alike(mine: Draw, theirs: Draw | None) -> bool:
+    """The runtime's draw can stand for this PyTorch draw: one distribution and parameters, whatever kind of
+    number each stores (the runtime's draw is cast to this run's dtype)."""
+    return theirs is not None and mine.conflict(Draw(theirs.distribution, theirs.params)) is None
 
 
-def _distribution(op: str) -> str:
-    """The distribution a random op draws from, whoever named it (`aten.randn_like.default`, `RandomNormalLike`)."""
-    base = canonical_op(op)
-    return _DISTRIBUTIONS.get(base, base)
-
-
-def module_view(bundle: Bundle, shared_draws: Sequence[str] = ()) -> Bundle:
-    """The module-level records of a runtime bundle (names without an `/<op>.<k>` part).
+def module_view(bundle: Bundle, shared_draws: Sequence[str] = (), differ: Sequence[str] = ()) -> Bundle:
+    """The module-level records of a runtime bundle (names without an `/<op>.<k>` part), and its random draws.
 
     A PyTorch module capture has no op records; leaving the runtime's op records out keeps `diff`
-    from pairing them by order with reference records that have no runtime counterpart. What those op
-    records tell of their module stays as tags of its records: quantized arithmetic (an int8 port's
-    ConvInteger) and random draws not replayed (a RandomNormalLike), so that `diff` gives the cause.
+    from pairing them by order with reference records that have no runtime counterpart. Random draws stay: a
+    PyTorch module capture records them too, and `diff` pairs draw with draw (and says when the two draw
+    otherwise). What the op records tell of their module stays as tags of its records: quantized arithmetic
+    (an int8 port's ConvInteger) and random draws not replayed (a RandomNormalLike), so that `diff` gives the
+    cause. `differ`: runtime draws that stand where the reference draws otherwise (`RuntimeDraws.differ`):
+    a port difference at that draw, not noise.
     """
     carried: dict[str, set[str]] = {}
-    shared = set(shared_draws)          # draws the reference took (compare's replay): not a random difference
+    shared = set(shared_draws) | set(differ)   # draws the reference took (compare's replay), or that differ
     for r in bundle.records:
         if "/" not in r.name:
             continue
@@ -255,7 +261,7 @@ def module_view(bundle: Bundle, shared_draws: Sequence[str] = ()) -> Bundle:
             carried.setdefault(r.module, set()).add(TAG_DRAWS_RANDOM)
     keep = [r if r.kind != KIND_OUTPUT or not carried.get(r.module)
             else replace(r, tags=tuple(sorted(set(r.tags) | carried[r.module])))
-            for r in bundle.records if "/" not in r.name]
+            for r in bundle.records if "/" not in r.name or r.kind == KIND_RNG]
     return Bundle(bundle.path, bundle.manifest, keep, bundle._source)
 
 

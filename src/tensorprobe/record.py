@@ -57,6 +57,9 @@ TAG_QSTEP = "qstep:"
 TAG_STANDS_FOR = "stands_for:"
 # A random record whose values were fed back from a recording (`tensorprobe.rng`, `--replay-rng`).
 TAG_REPLAYED = "replayed"
+# Tag prefix of a random record, followed by what it draws (`rng.draws.Draw`): "draw:normal(mean=0,std=1):float".
+# Replay feeds a recorded draw only to the same kind of draw, and `diff` compares the two sides' draws.
+TAG_DRAW = "draw:"
 # Tag of a module record of a runtime whose op records (left out of a module-level comparison) include random
 # draws not replayed from the reference: the module's output is computed from draws that differ.
 TAG_DRAWS_RANDOM = "draws_random"

@@ -73,9 +73,9 @@ def show_cmd(
 
 def _table(entries: list[NoiseEntry], title: str) -> None:
     table = Table(title=escape(title), title_justify="left", show_edge=False, pad_edge=False)
-    for col in ("#", "name", "op", "shape", "dtype", "source"):
+    for col in ("#", "name", "op", "draws", "shape", "dtype", "source"):
         table.add_column(col, no_wrap=col != "source")
     for e in entries:
-        table.add_row(str(e.order), escape(e.name), escape(e.op), "×".join(map(str, e.shape)) or "scalar", e.dtype,
-                      escape(e.source or ""))
+        table.add_row(str(e.order), escape(e.name), escape(e.op), escape((e.draw or "?").split(":")[0]),
+                      "×".join(map(str, e.shape)) or "scalar", e.dtype, escape(e.source or ""))
     console.print(table)

@@ -163,6 +163,7 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
         elif cls in (_INPUTS, _OUTPUTS):
             _match_position(r_cls, c_cls, matched, used)
         else:
+            _match_draws(r_cls, c_cls, rules, matched, used)
             _match_order(r_cls, c_cls, rules, matched, used)
     pairs = tuple(Pair(r, matched[r.name][0], matched[r.name][1]) for r in refs if r.name in matched)
     ref_only = tuple(r for r in refs if r.name not in matched)
@@ -265,6 +266,43 @@ def translate_module(module: str, rules: Sequence[Rule]) -> str:
         if out is not None:
             return out
     return module
+
+
+def _match_draws(refs: list[Record], cands: list[Record], rules: Sequence[Rule], matched: dict,
+                 used: set[str]) -> None:
+    """Random draws left over pair with the draws of the same module call, in call order, when shapes agree:
+    first those of one distribution (`randn` with `randn_like`, PyTorch's draw with ONNX's RandomNormalLike; a
+    reference draw the export dropped is then left alone), then any two (`rand_like` where the reference has
+    `randn_like`: `diff.draws` reports that the two draw otherwise)."""
+    from ..rng.draws import draw_of
+
+    def by_call(records: Iterable[Record], module_of) -> dict[tuple[str, int], list[Record]]:
+        out: dict[tuple[str, int], list[Record]] = {}
+        for x in sorted(records, key=lambda x: x.order):
+            if x.kind == KIND_RNG:
+                out.setdefault((module_of(x), x.call), []).append(x)
+        return out
+
+    r_calls = by_call((r for r in refs if r.name not in matched), lambda r: r.module)
+    c_calls = by_call((c for c in cands if c.name not in used), lambda c: translate_module(c.module, rules))
+    for key, rs in r_calls.items():
+        cs = c_calls.get(key, [])
+        for alike in (True, False):
+            start = 0
+            for r in rs:
+                if r.name in matched:
+                    continue
+                dr = draw_of(r) if alike else None
+                for j in range(start, len(cs)):
+                    c = cs[j]
+                    if c.name in used or not same_shape(r.shape, c.shape):
+                        continue
+                    if alike and (dr is None or (dc := draw_of(c)) is None or dc.distribution != dr.distribution):
+                        continue
+                    matched[r.name] = (c, MATCH_ORDER)
+                    used.add(c.name)
+                    start = j + 1
+                    break
 
 
 def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],

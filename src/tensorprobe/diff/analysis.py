@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
+from .draws import DrawFindings, is_draw_finding
 from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN, Noise, measured_floor, sensitivity)
@@ -53,11 +54,13 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     weights = [p for p in results if p.kind in WEIGHT_KINDS]
     forward = [p for p in results if p.kind not in WEIGHT_KINDS]
     by_name = {r.name: r for r in ref_records}
+    findings = DrawFindings(ref_bundle, cand_bundle)     # draws of another kind, or consumed in another order
+    forward = findings.judge(forward)
     forward, graph_note = with_gains(forward, weights, ref_records)
     draws = UnpairedDraws(ref_bundle, cand_bundle, results)
     unread = unread_indices(ref_records)
     forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
-                       noise=noise, reduced=reduced, draws=draws, unread=unread)
+                       noise=noise, reduced=reduced, draws=draws, unread=unread, swapped=findings)
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     notes = list(notes) + ([graph_note] if graph_note else [])
     failing = [p for p in forward if p.failed]
@@ -93,7 +96,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                         weights_cand_only=tuple(w_cand_only), outputs=outputs,
                         first_difference=failing[0].name if failing and first is not failing[0] else None,
                         environment_notes=tuple(environment_notes), incomplete=tuple(incomplete),
-                        rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.failed),
+                        rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.cause == CAUSE_RANDOM),
                         reduced_precision=reduced, levels=levels)
     return replace(report, summary=summarize(report))
 
@@ -192,6 +195,7 @@ class _InputSources:
         self.has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
         self.own_weights = _module_weights(weights, ref_records)
         self.children, self.draws = _inside_calls(results)
+        self.drawn_otherwise = {p.name for p in results if is_draw_finding(p)}   # the port's draw, not noise
         self.forward = {r.name for r in ref_records if r.kind in (KIND_OUTPUT, KIND_RNG)}
         # modules that ran in the reference and have no counterpart: the candidate computed them some other way
         # (the root's own F.linear on a classifier's weights), so their weights are read by the module around them
@@ -212,6 +216,8 @@ class _InputSources:
             known.append((rel[carrier], carrier))   # its data came through functional code
         if not any(e for e, _ in known):
             known += [(rel[i], i) for i in self.draws.get(p.name, ()) if i in rel]
+        else:
+            known += [(rel[i], i) for i in self.draws.get(p.name, ()) if i in rel and i in self.drawn_otherwise]
         if error_of(p) and not any(e for e, _ in known) and (carrier or prev):
             # only exact inputs while error is already present upstream: the tensor that carried it was made
             # outside any captured record (code between the modules of a module-level capture)
@@ -299,7 +305,8 @@ def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[st
 def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: dict[str, Record],
              noise_rule: bool = True, quantized: dict[str, str] | None = None, *,
              noise: Mapping[str, Noise] | None = None, reduced: str | None = None,
-             draws: "UnpairedDraws | None" = None, unread: frozenset[str] = frozenset()) -> list[PairResult]:
+             draws: "UnpairedDraws | None" = None, unread: frozenset[str] = frozenset(),
+             swapped: DrawFindings | None = None) -> list[PairResult]:
     """Give every failing pair its cause, origin and (for amplifiers) explanation (`noise` module docstring).
 
     Under the noise rule a pair that fails only its floor passes when a measurement backs a larger one
@@ -322,6 +329,8 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
         p = _classified(p, done, by_name, q_input)
         if draws is not None and p.failed and p.cause in (CAUSE_OWN, CAUSE_AMPLIFIED) and p.kind != KIND_MODEL_INPUT:
             p = draws.blame(p)
+        if swapped is not None and p.failed:
+            p = swapped.blame(p)
         if p.name in unread and p.failed and p.cause == CAUSE_AMPLIFIED:
             p = replace(p, tags=p.tags + (TAG_UNREAD,))
         done[p.name] = p
@@ -518,8 +527,8 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
         return p
     if p.status == STATUS_SHAPE or p.kind == KIND_MODEL_INPUT:
         return replace(p, cause=CAUSE_OWN, origin=p.name)
-    if p.kind == KIND_RNG:
-        return replace(p, cause=CAUSE_RANDOM, origin=p.name)
+    if p.kind == KIND_RNG:   # noise, unless it draws otherwise than the reference (`draws.py`): the port's
+        return replace(p, cause=CAUSE_OWN if is_draw_finding(p) else CAUSE_RANDOM, origin=p.name)
     src = done.get(p.input_name) if p.input_name else None
     if TAG_DRAWS_RANDOM in p.tags and (src is None or not src.failed):
         return replace(p, cause=CAUSE_RANDOM, origin=p.name, explanation=(
@@ -697,6 +706,8 @@ def rng_note(first: PairResult, ref_records: Sequence[Record], ref_bundle: Any =
     bundles are at hand; else the simple rule: the divergent record is, consumes, or directly follows
     a random op.
     """
+    if is_draw_finding(first):
+        return None      # a port difference at a random op: nothing to replay
     if cand_bundle is not None:
         try:
             from ..rng import unreplayed_rng_before

@@ -36,6 +36,7 @@ from ..hooks import module_hooks
 from ..record import module_label, record_name
 from . import passes
 from .noise import dtype_str
+from ..rng.draws import is_draw_mismatch
 
 MAX_DESCENTS = 8
 
@@ -79,6 +80,9 @@ class Ascent:
                 words += f"; {_list(self.uncalled)} {'is' if len(self.uncalled) == 1 else 'are'} never called"
             parts[0] += f": {words}"
         text = parts[0] + "."
+        drawn = next((r for r in (self.layer.local_reasons if self.layer else ()) if is_draw_mismatch(r)), None)
+        if drawn:
+            text += f" Its random op differs: {drawn}."
         if self.direct_params:
             text += f" Its own code reads {_list(self.direct_params)}."
         differ = [f"{n} (relative error {e:.3g})" if e is not None else f"{n} (shape)" for n, e in self.differing_params]

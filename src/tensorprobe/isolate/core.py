@@ -80,7 +80,7 @@ class TorchRunner:
         if not inputs.noise:
             return fn(*args, **kwargs)
         from ..rng import RngReplay
-        with RngReplay(list(inputs.noise), cast=True):
+        with RngReplay(list(inputs.noise), cast=True, draws=inputs.draws):
             return fn(*args, **kwargs)
 
     def _prepare(self, path: str, module: torch.nn.Module) -> Any:

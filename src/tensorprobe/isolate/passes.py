@@ -22,6 +22,7 @@ Randomness, two ways:
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,17 +38,20 @@ from ..errors import TensorprobeError
 from ..hooks import module_hooks, op_base_name
 from ..ops import RNG_OPS
 from ..record import module_label, record_name
+from ..rng.draws import Draw, draw_of_call, draws_differ_words
 from .noise import RoundingFloors, dtype_str, rounding_units
 from .report import LayerError
 
 
 @dataclass(frozen=True)
 class ModuleCall:
-    """What a runner gets for one module call: the reference's inputs and the noise it drew."""
+    """What a runner gets for one module call: the reference's inputs, the noise it drew and what each of those
+    tensors draws (`rng.draws.Draw`; a replay refuses to feed a tensor to another kind of draw)."""
 
     args: tuple
     kwargs: dict
     noise: tuple[torch.Tensor, ...] = ()
+    draws: tuple[Any, ...] = ()
 
 _EPS32 = 1.1920929e-07
 RNG_STATE = "state"
@@ -108,18 +112,25 @@ def same_state(a: tuple, b: tuple) -> bool:
 
 
 class NoiseTap(TorchDispatchMode):
-    """Records (clones of) every random tensor drawn while active and not paused, in order."""
+    """Records (clones of) every random tensor drawn while active and not paused, in order, and what each draws
+    (`draws`; with keep=False only that)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
         super().__init__()
         self._rng_ops, self._base = RNG_OPS, op_base_name
         self.noise: list[torch.Tensor] = []
+        self.draws: list[Draw | None] = []
+        self.keep = keep
         self.paused = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.paused and self._base(func) in self._rng_ops:
-            self.noise.extend(t.detach().clone() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+            drawn = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            d = draw_of_call(func, args, kwargs or {})
+            self.draws.extend(d.with_kind(t.dtype) if d is not None else None for t in drawn)
+            if self.keep:
+                self.noise.extend(t.detach().clone() for t in drawn)
         return out
 
 
@@ -308,6 +319,10 @@ class ReferencePass:
     def noise(self) -> list[torch.Tensor]:
         return self.tap.noise if self.tap is not None else []
 
+    @property
+    def draws(self) -> list[Draw | None]:
+        return self.tap.draws if self.tap is not None else []
+
     def run(self, inputs: tuple, kwinputs: dict, initial_state: tuple | None = None) -> None:
         named = dict(self.model.named_modules())
         if initial_state is not None:
@@ -376,15 +391,15 @@ class ReferencePass:
                 self._compare(module, path, call, mtype, output, entry.outputs, None, inputs, replay,
                               own=entry, reused=True)
                 return
-            noise = tuple(self.noise[n0:])
+            noise, draws = tuple(self.noise[n0:]), tuple(self.draws[n0:])
             replayed = state if self.rng == RNG_STATE else None
-            cand_out, note = self._run_candidate(path, call, self.call_type(cargs, ckwargs, noise), replayed,
+            cand_out, note = self._run_candidate(path, call, self.call_type(cargs, ckwargs, noise, draws), replayed,
                                                  drew and replayed is not None)
             self._compare(module, path, call, mtype, output, cand_out, note, (cargs, ckwargs), replay, own=entry)
         return hook
 
     def _run_candidate(self, path: str, call: int, inputs: Any, state: tuple | None,
-                       drew: bool) -> tuple[Any, str | None]:
+                       drew: bool, watch: NoiseTap | None = None) -> tuple[Any, str | None]:
         if not self.runner.has(path):
             return None, f"the candidate ({self.runner.name}) has no module {module_label(path)}"
         after = rng_state() if state is not None else None
@@ -392,7 +407,7 @@ class ReferencePass:
             self.rng_calls += 1
             set_rng_state(state)  # the candidate's module draws what the reference drew in this call
         try:
-            with self.paused(), torch.no_grad():
+            with self.paused(), torch.no_grad(), (watch if watch is not None else nullcontext()):
                 return self.runner.run(path, call, inputs), None
         except TensorprobeError as e:
             return None, f"replay failed: {e}"
@@ -415,11 +430,17 @@ class ReferencePass:
         if cands is not None and len(cands) != len(refs):
             note, cands = f"the candidate returned {len(cands)} tensors, the reference {len(refs)}", None
         measured: list = []
+        drawn: list = []
 
         def units(i: int) -> float | None:   # the reference module's rounding on these inputs, measured once
             if not measured:
                 measured.extend(self._measure(module, inputs, refs, replay))
             return measured[i]
+
+        def draws_differ() -> tuple[str, ...]:   # a failing call that draws: does it draw what the reference does?
+            if not drawn:
+                drawn.append(self._draws_differ(module, path, call, inputs, replay))
+            return drawn[0]
 
         for i, r in enumerate(refs):
             name = record_name(path, call, output=i if len(refs) > 1 else None)
@@ -439,12 +460,33 @@ class ReferencePass:
                 acc = dict(accumulated=pair[0], accumulated_reasons=tuple(pair[1]))
             elif self.keep:
                 self.outputs[name] = r.detach().clone()
+            if reasons:
+                reasons = draws_differ() + tuple(reasons)
             if reasons and self.failed is None:
                 self.failed = (module, path, call, inputs)
             self.layers.append(LayerError(
                 name=name, module=path, call=call, module_type=mtype, order=len(self.layers),
                 shape=tuple(r.shape), dtype=dtype_str(r), cand_dtype=dtype_str(c) if c is not None else None,
                 local=local, local_reasons=reasons, note=lnote, **acc))
+
+    def _draws_differ(self, module: torch.nn.Module, path: str, call: int, inputs: tuple,
+                      replay: "_Replay") -> tuple[str, ...]:
+        """For a call that fails and drew random numbers: the words when the candidate's module draws another
+        distribution or parameters than the reference's (`rng.draws`), found by running it once more, watched."""
+        if not (replay.drew or replay.n1 > replay.n0) or not self.runner.has(path):
+            return ()
+        with self.paused():
+            theirs = replay.draws(module, inputs)
+        if not theirs:
+            return ()
+        watch = NoiseTap(keep=False)
+        noise, draws = tuple(self.noise[replay.n0:replay.n1]), tuple(self.draws[replay.n0:replay.n1])
+        state = replay.state if self.rng == RNG_STATE else None
+        reseed = replay.drew and state is not None
+        self._run_candidate(path, call, self.call_type(inputs[0], inputs[1], noise, draws), state, reseed, watch)
+        self.rng_calls -= reseed    # counted once, by the run that was compared
+        words = draws_differ_words(watch.draws, theirs)
+        return (words,) if words else ()
 
     def _measure(self, module: torch.nn.Module, inputs: tuple, refs: list[torch.Tensor],
                  replay: "_Replay") -> list[float | None]:
@@ -483,10 +525,21 @@ class _Replay:
     def noise(self, module: torch.nn.Module, inputs: tuple) -> list[torch.Tensor] | None:
         if self.p.tap is not None:
             return list(self.p.noise[self.n0:self.n1]) or None
+        tap = self._rerun(module, inputs, keep=True)
+        return tap.noise if tap is not None else None
+
+    def draws(self, module: torch.nn.Module, inputs: tuple) -> list[Draw | None] | None:
+        """What the reference's call drew (recorded, or seen again by re-running it from its generator state)."""
+        if self.p.tap is not None:
+            return list(self.p.draws[self.n0:self.n1]) or None
+        tap = self._rerun(module, inputs, keep=False)
+        return tap.draws if tap is not None else None
+
+    def _rerun(self, module: torch.nn.Module, inputs: tuple, keep: bool) -> NoiseTap | None:
         if not self.drew:
             return None
         after = rng_state()
-        tap = NoiseTap()
+        tap = NoiseTap(keep)
         try:
             set_rng_state(self.state)
             with tap, torch.no_grad():
@@ -495,7 +548,7 @@ class _Replay:
             return None
         finally:
             set_rng_state(after)
-        return tap.noise
+        return tap
 
 
 CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
@@ -559,7 +612,7 @@ def candidate_pass(model: torch.nn.Module, ref_pass: ReferencePass, args: tuple,
         with module_hooks(((p, named[p]) for p in ref_pass.paths if p in named), post=post), torch.no_grad():
             if ref_pass.rng == RNG_TENSORS and ref_pass.noise:
                 from ..rng import RngReplay
-                with RngReplay(list(ref_pass.noise), cast=True):
+                with RngReplay(list(ref_pass.noise), cast=True, draws=ref_pass.draws):
                     output = model(*args, **kwargs)
             else:
                 if ref_pass.rng == RNG_STATE and ref_pass.initial_state is not None:

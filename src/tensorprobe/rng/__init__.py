@@ -17,11 +17,15 @@ the port really changes.
 
 Matching: each random op asks for the record of the same name (`<module>[@call]/<op>.<k>`); when the
 name is not in the recording (a port with other module paths, or a run without module hooks) it takes the
-next unused random record in call order. Shape or dtype mismatches and a recording that runs out are
-`InputError`s naming the op and its source line. The random op itself still runs, so the generator
+next unused random record in call order that draws alike. Shape or dtype mismatches and a recording that
+runs out are `InputError`s naming the op and its source line. A recorded tensor is fed only to the same
+kind of draw (`draws`: distribution, parameters, kind of number): an op that draws otherwise keeps its own
+draw and is listed in `RngReplay.refused`, so replay never hides a port that draws `rand_like` where the
+reference draws `randn_like` (`diff` then reports it at that op). The random op itself still runs, so the generator
 advances as it would have, and in-place ops (`normal_`, `uniform_`, `bernoulli_`, dropout's mask) get the
 recorded values copied into their target. Dropout in train mode is replayed through its mask.
 
+- `draws`       `Draw` (what a random op draws), `DrawMismatch`; torch-free
 - `noise_file`  `NoiseEntry`, `export_noise`, `load_noise` (the file a port loads; NumPy)
 - `replay`      `RngReplay`, `as_replay` (torch)
 - `suspects`    `unreplayed_rng_before` (diff integration; NumPy)
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .draws import Draw, DrawMismatch, draw_of
 from .noise_file import NOISE_FORMAT, NOISE_VERSION, NoiseEntry, export_noise, load_noise
 from ..record import TAG_REPLAYED
 from .suspects import RngSuspect, unreplayed_rng_before
@@ -48,5 +53,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["NOISE_FORMAT", "NOISE_VERSION", "RngReplay", "RngSuspect", "NoiseEntry", "as_replay", "export_noise",
+__all__ = ["Draw", "DrawMismatch", "NOISE_FORMAT", "NOISE_VERSION", "RngReplay", "draw_of", "RngSuspect", "NoiseEntry", "as_replay", "export_noise",
            "load_noise", "unreplayed_rng_before", "TAG_REPLAYED"]

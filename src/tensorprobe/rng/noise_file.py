@@ -19,6 +19,7 @@ import safetensors.numpy
 from ..bundle import Bundle, atomic_write_bytes
 from ..errors import BundleError, InputError
 from ..record import KIND_RNG, Record
+from .draws import Draw, draw_of
 
 NOISE_FORMAT = "tensorprobe-noise"
 NOISE_VERSION = 1
@@ -26,7 +27,8 @@ NOISE_VERSION = 1
 
 @dataclass(frozen=True)
 class NoiseEntry:
-    """One recorded random tensor: its record name, the op that drew it and where it was called."""
+    """One recorded random tensor: its record name, the op that drew it, what it draws (`draw`, e.g.
+    "normal(mean=0,std=1):float"; None when unknown) and where it was called."""
 
     name: str
     op: str
@@ -36,20 +38,27 @@ class NoiseEntry:
     module: str = ""
     call: int = 0
     source: str | None = None
+    draw: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "op": self.op, "shape": list(self.shape), "dtype": self.dtype,
-                "order": self.order, "module": self.module, "call": self.call, "source": self.source}
+                "order": self.order, "module": self.module, "call": self.call, "source": self.source,
+                "draw": self.draw}
+
+    def recorded_draw(self) -> Draw | None:
+        return Draw.parse(self.draw) if self.draw else None
 
     @classmethod
     def from_record(cls, r: Record, order: int) -> "NoiseEntry":
-        return cls(r.name, r.op, tuple(r.shape), r.dtype, order, r.module, r.call, r.source)
+        d = draw_of(r)
+        return cls(r.name, r.op, tuple(r.shape), r.dtype, order, r.module, r.call, r.source,
+                   d.text() if d is not None else None)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NoiseEntry":
         return cls(str(d["name"]), str(d.get("op", "")), tuple(int(s) for s in d.get("shape", ())),
                    str(d.get("dtype", "")), int(d.get("order", 0)), str(d.get("module", "")),
-                   int(d.get("call", 0)), d.get("source"))
+                   int(d.get("call", 0)), d.get("source"), d.get("draw"))
 
 
 def export_noise(bundle: Bundle | str | os.PathLike, path: str | os.PathLike) -> list[NoiseEntry]:
@@ -63,7 +72,8 @@ def export_noise(bundle: Bundle | str | os.PathLike, path: str | os.PathLike) ->
                     (`<module path>[@<call>]/<op>.<k>`; `@<call>` for the 2nd+ call of a looped module;
                     `:<i>` for an op with several outputs, e.g. dropout's mask is `.../native_dropout.0:1`)
         metadata    "format": "tensorprobe-noise", "version": "1",
-                    "entries": JSON list in call order of {name, op, shape, dtype, order, module, call, source}
+                    "entries": JSON list in call order of {name, op, shape, dtype, order, module, call, source,
+                    draw}; draw is the distribution and its parameters, e.g. "normal(mean=0,std=1):float"
 
     The port replaces its own draws with these tensors, one per random call, in that order.
 

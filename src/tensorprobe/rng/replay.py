@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -15,6 +16,7 @@ from ..errors import BundleError, InputError
 from ..hooks import ModuleStack, op_base_name, user_source_line
 from ..ops import RNG_OPS
 from ..record import KIND_RNG, dtype_name, record_name
+from .draws import Draw, DrawMismatch, draw_of_call, mismatch_words
 from .noise_file import NoiseEntry, _is_noise_file, _read_noise
 
 class _Tape:
@@ -28,20 +30,37 @@ class _Tape:
         self.used = [False] * len(entries)
         self.next_free = 0
 
-    def take(self, name: str | None) -> NoiseEntry | None:
+    def take(self, name: str | None, draw: Draw | None = None, shape: tuple[int, ...] | None = None
+             ) -> NoiseEntry | None:
+        """The entry of this name; else, in call order, the next unused one that draws alike (same kind of draw
+        and shape: a port that draws in another order still gets each draw its counterpart), else the next
+        unused one (which `RngReplay` then refuses, or reports as from another model)."""
         i = self.by_name.get(name) if name is not None else None
         if i is None or self.used[i]:
             while self.next_free < len(self.entries) and self.used[self.next_free]:
                 self.next_free += 1
             if self.next_free >= len(self.entries):
                 return None
-            i = self.next_free
+            i = next((j for j in range(self.next_free, len(self.entries))
+                      if not self.used[j] and self._fits(self.entries[j], draw, shape)), self.next_free)
         self.used[i] = True
         return self.entries[i]
+
+    @staticmethod
+    def _fits(entry: NoiseEntry, draw: Draw | None, shape: tuple[int, ...] | None) -> bool:
+        if shape is not None and tuple(entry.shape) != shape:
+            return False
+        recorded = entry.recorded_draw()
+        return draw is None or recorded is None or draw.conflict(recorded) is None
 
     @property
     def unused(self) -> list[str]:
         return [e.name for e, u in zip(self.entries, self.used) if not u]
+
+    def describe(self, draws: Sequence[Any]) -> None:
+        """Give the entries, in order, what they draw (`Draw`, its text or None)."""
+        self.entries = [replace(e, draw=d.text() if isinstance(d, Draw) else d) if d is not None else e
+                        for e, d in zip(self.entries, list(draws) + [None] * (len(self.entries) - len(draws)))]
 
 
 def _tape_from(source: Any) -> _Tape:
@@ -96,11 +115,20 @@ class RngReplay:
         cast: convert a recorded tensor to the dtype this run draws whatever its kind; without it only
             within a kind (float32 noise for a float16 or float64 run, int64 for int32). Shapes must agree,
             and the tensor goes to the device this run draws on (a CPU recording replays on CUDA).
+        draws: for a dict or list source, what each tensor draws (`rng.draws.Draw`, its text, or None), in
+            order. A bundle or noise file says it itself.
+
+    A recorded tensor is fed only to a random op that draws alike (same distribution, parameters and kind of
+    number): an op that draws otherwise (`rand_like` where the recording has `randn_like`) keeps its own draw,
+    and the refusal is listed in `refused` (`rng.draws.DrawMismatch`), since feeding it would hide a port
+    difference.
     """
 
     def __init__(self, source: Any, *, model: torch.nn.Module | None = None, strict: bool = False,
-                 cast: bool = False):
+                 cast: bool = False, draws: Sequence[Any] | None = None):
         self.tape = _tape_from(source)
+        if draws:
+            self.tape.describe(draws)
         if not self.tape.entries:
             raise InputError(f"{self.tape.origin}: no random ops were recorded there, nothing to replay "
                              "(capture the reference run first: tensorprobe capture TARGET --keep full)")
@@ -108,6 +136,7 @@ class RngReplay:
         self.strict = strict
         self.cast = cast
         self.replayed: list[str] = []
+        self.refused: list[DrawMismatch] = []   # draws not fed: the recording drew another kind of number there
         self._counts: dict[tuple[str, int, str], int] = {}
         self._mode: _ReplayMode | None = None
         self._hooks: list[Any] = []
@@ -131,37 +160,43 @@ class RngReplay:
         """Run random op `func`, then replace what it drew with the next recorded tensor(s)."""
         out = func(*args, **kwargs)
         base = func._schema.name.split("::")[-1]
+        draw = draw_of_call(func, args, kwargs)
         if base == "native_dropout":
-            return self._dropout(args, kwargs, out, name, source)
+            return self._dropout(args, kwargs, out, name, source, draw)
         targets = _written_args(func, args, kwargs)
         flat, spec = tree_flatten(out)
         if targets:  # in-place / out= op: copy into what it wrote, return it as the op did
             for i, t in enumerate(targets):
-                t.copy_(self._next(func, t, _sub(name, i, len(targets)), source))
+                t.copy_(self._next(func, t, _sub(name, i, len(targets)), source, draw))
             return out
         tensors = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor)]
         for j, i in enumerate(tensors):
-            flat[i] = self._next(func, flat[i], _sub(name, j, len(tensors)), source).clone()
+            flat[i] = self._next(func, flat[i], _sub(name, j, len(tensors)), source, draw).clone()
         return tree_unflatten(flat, spec)
 
-    def _dropout(self, args: tuple, kwargs: dict, out: Any, name: str | None, source: str | None) -> Any:
+    def _dropout(self, args: tuple, kwargs: dict, out: Any, name: str | None, source: str | None,
+                 draw: Draw | None) -> Any:
         x, p = args[0], float(args[1] if len(args) > 1 else kwargs.get("p", 0.5))
         _, mask = out
-        self._next(None, out[0], _sub(name, 0, 2), source)  # keep positions aligned with capture's two records
-        mask = self._next(None, mask, _sub(name, 1, 2), source).to(mask.device)
+        self._next(None, out[0], _sub(name, 0, 2), source, draw)  # keep positions aligned with capture's records
+        mask = self._next(None, mask, _sub(name, 1, 2), source, draw).to(mask.device)
         scale = 0.0 if p >= 1 else 1.0 / (1.0 - p)
         return x * mask * scale, mask
 
-    def _next(self, func: Any, like: torch.Tensor, name: str | None, source: str | None) -> torch.Tensor:
+    def _next(self, func: Any, like: torch.Tensor, name: str | None, source: str | None,
+              draw: Draw | None = None) -> torch.Tensor:
         where = f"{name or (str(func) if func is not None else 'a random op')}" + (f" at {source}" if source else "")
         if self.strict and name is not None and name not in self.tape.by_name:
             raise InputError(f"random op {where} is not in the recording {self.tape.origin} "
                              "(strict replay matches by name only)")
-        entry = self.tape.take(name)
+        draw = draw.with_kind(like.dtype) if draw is not None else None
+        entry = self.tape.take(name, draw, tuple(like.shape))
         if entry is None:
             raise InputError(f"the recording {self.tape.origin} ran out: it holds {len(self.tape.entries)} random "
                              f"tensors, and this run asked for one more ({where}); was it captured from the same "
                              "model and inputs?")
+        if self._refuses(entry, draw, func, like, name, source):
+            return like
         t = self.tape.loader(entry.name)
         if tuple(t.shape) == tuple(like.shape) and (self.cast or _same_kind(t.dtype, like.dtype)):
             t = t.to(like.dtype)  # float32 noise replayed by a float64, float16 or bfloat16 run
@@ -171,6 +206,19 @@ class RngReplay:
                 f"drew {_desc(like)}; the bundle {self.tape.origin} comes from another model or other inputs")
         self.replayed.append(entry.name)
         return t.to(like.device)
+
+    def _refuses(self, entry: NoiseEntry, draw: Draw | None, func: Any, like: torch.Tensor, name: str | None,
+                 source: str | None) -> bool:
+        """A recorded draw of another distribution or parameters is not fed (it would hide a port difference:
+        normal noise where the port draws uniform); the op keeps its own draw and the refusal is kept."""
+        recorded = entry.recorded_draw()
+        if draw is None or recorded is None or tuple(entry.shape) != tuple(like.shape) \
+                or draw.conflict(recorded) is None:
+            return False
+        op = str(func) if func is not None else "native_dropout"
+        self.refused.append(DrawMismatch(name or op, entry.name, mismatch_words(draw, op, recorded, entry.op),
+                                         source))
+        return True
 
     # ---- standalone use: a dispatch mode (and module hooks for names when `model` is given) -----------
     def __enter__(self) -> "RngReplay":

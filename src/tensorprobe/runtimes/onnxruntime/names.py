@@ -490,7 +490,7 @@ class GraphNamer:
 
     def _tags(self, node: Any, angle: set[str]) -> tuple[str, ...]:
         if node.op_type in RNG_OPS:
-            return ("rng",)
+            return ("rng", *_draw_tag(node))
         if node.op_type == "DequantizeLinear" and node.input:
             q = self.producer.get(node.input[0])
             if q is not None and self.nodes[q].op_type == "QuantizeLinear" and self.nodes[q].input:
@@ -647,3 +647,13 @@ def _outer_refs(graph: Any) -> Iterable[str]:
             if v not in defined:
                 yield v
         defined.update(node.output)
+
+
+def _draw_tag(node: Any) -> tuple[str, ...]:
+    """The `draw:` tag of an ONNX random node (`RandomNormalLike` with mean 0, scale 1: normal(mean=0,std=1)),
+    so that replay and `diff` compare what each side draws."""
+    from ...rng.draws import draw_of_onnx
+
+    attrs = [(a.name, a.f if a.type == 1 else a.i if a.type == 2 else None) for a in node.attribute]
+    d = draw_of_onnx(node.op_type, attrs)
+    return (d.tag(),) if d is not None else ()
