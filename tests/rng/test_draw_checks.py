@@ -336,3 +336,51 @@ def test_sweep_agrees(port, tmp_path):
                for r in found.values()), json.dumps(found, default=str)[:2000]
     sweep(f"{file}:sweep", tmp_path / "twin", cand=f"{file}:randn", workers=1)
     assert not any(r["finding"] for r in ResultStore(tmp_path / "twin").read().values())
+
+
+# ---- the command line: capture warns, diff and isolate exit 1 -----------------------------------------------------
+
+CLI_TARGET = textwrap.dedent('''
+    import torch
+
+
+    class Net(torch.nn.Module):
+        def __init__(self, draw):
+            super().__init__()
+            torch.manual_seed(0)
+            self.draw = draw
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x + 0.1 * self.draw(x))
+
+
+    def ref():
+        return Net(torch.randn_like), (torch.ones(2, 8),)
+
+
+    def uniform():
+        return Net(torch.rand_like), (torch.ones(2, 8),)
+''')
+
+
+def test_cli_capture_warns_and_diff_and_isolate_exit_1(tmp_path):
+    from typer.testing import CliRunner
+
+    from tensorprobe.cli import app
+
+    (tmp_path / "draws.py").write_text(CLI_TARGET)
+    runner = CliRunner()
+    target = str(tmp_path / "draws.py")
+    res = runner.invoke(app, ["capture", f"{target}:ref", "-o", str(tmp_path / "ref"), "--level", "op", "--keep", "full"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["capture", f"{target}:uniform", "-o", str(tmp_path / "cand"), "--level", "op",
+                              "--keep", "full", "--replay-rng", str(tmp_path / "ref"), "--json"])
+    assert res.exit_code == 0 and any("draws uniform" in w for w in json.loads(res.stdout)["warnings"]), res.output
+    res = runner.invoke(app, ["diff", str(tmp_path / "ref"), str(tmp_path / "cand"), "--json"])
+    doc = json.loads(res.stdout)["report"]
+    assert res.exit_code == 1 and doc["first_divergence"] == "<root>/randn_like.0", doc["summary"]
+    pair = next(p for p in doc["pairs"] if p["name"] == "<root>/randn_like.0")
+    assert pair["cause"] == "own" and TAG_DRAW_DIFFERS in pair["tags"] and doc["rng_differs"] == []
+    res = runner.invoke(app, ["isolate", f"{target}:ref", f"{target}:uniform", "--replay-rng", "tensors"])
+    assert res.exit_code == 1 and "draws uniform" in " ".join(res.output.split()), res.output

@@ -140,10 +140,12 @@ def _report_capture(bundle: Bundle, seconds: float, json_out: bool) -> None:
         emit_json("capture", "ok", {"bundle": str(bundle.path), "records": len(bundle), "stored_tensors": stored,
                                     "nonfinite_records": len(nonfinite), "nan_finding": bool(origin and origin.found),
                                     "masks": [m.to_dict() for m in masks], "seconds": round(seconds, 3),
-                                    "complete": bundle.complete})
+                                    "complete": bundle.complete, "warnings": list(bundle.manifest.get("warnings") or [])})
         return
     console.print(f"wrote [bold]{escape(str(bundle.path))}[/]: {len(bundle)} records ({stored} with tensors) "
                   f"in {seconds:.2f}s")
+    for w in bundle.manifest.get("warnings") or ():   # draws module level could not see, replays refused
+        console.print(f"[yellow]warning:[/] {escape(str(w))}")
     if origin is not None and masks and not origin.found:
         console.print(f"info: {len(nonfinite)} record{'s hold' if len(nonfinite) > 1 else ' holds'} ±Inf written on purpose "
                       f"(masks: {escape(', '.join(m.record for m in masks[:4]))}), consumed before any output")
