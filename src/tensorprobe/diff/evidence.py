@@ -10,13 +10,13 @@ error may enter in what feeds the record. `uncompared_inputs` names those inputs
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from ..record import TAG_INPUTS_MADE_IN, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record
+from ..record import KIND_INPUT, TAG_INPUTS_MADE_IN, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record
 from .noise import CAUSE_OWN
 from .result import STATUS_NO_DATA, PairResult
 
-UNPAIRED, NOT_COMPARED = "unpaired", "not compared"
+UNPAIRED, NOT_COMPARED, CAND_ONLY = "unpaired", "not compared", "candidate only"
 
 
 def module_weights(ref_records: Iterable[Record]) -> dict[str, list[str]]:
@@ -38,30 +38,54 @@ def direct_inputs(rec: Record, own_weights: Mapping[str, Sequence[str]]) -> list
 
 
 def uncompared_inputs(p: PairResult, rec: Record | None, pairs: Mapping[str, PairResult],
-                      own_weights: Mapping[str, Sequence[str]]) -> tuple[tuple[str, str], ...]:
+                      own_weights: Mapping[str, Sequence[str]], cand: Record | None = None,
+                      cand_paired: frozenset[str] = frozenset(), *, ref_kinds: Mapping[str, str] | None = None,
+                      cand_kinds: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
     """The inputs of pair `p` that were not paired and compared, each as (name, why): why is `unpaired` (the
-    candidate has no counterpart) or `not compared` (paired, but values of other kinds, or no data)."""
+    candidate has no counterpart), `not compared` (paired, but values of other kinds, or no data), or
+    `candidate only` (the candidate's record reads a record the reference has no counterpart of: an op the
+    port adds, such as a channel reorder). `ref_kinds`/`cand_kinds`: each side's record kinds by name, when
+    known: names no record holds (an integer weight's zero point) and module inputs (never paired) are skipped."""
     if rec is None:
         return ()
     out = []
     for name in direct_inputs(rec, own_weights):
+        if not _recorded(name, ref_kinds):
+            continue
         q = pairs.get(name)
         if q is None:
             out.append((name, UNPAIRED))
         elif not q.compared or q.status == STATUS_NO_DATA:
             out.append((name, NOT_COMPARED))
+    if cand is not None and cand_paired:
+        out += [(name, CAND_ONLY) for name in cand.inputs if name not in cand_paired and _recorded(name, cand_kinds)]
     return tuple(out)
 
 
+def _recorded(name: str, kinds: Mapping[str, str] | None) -> bool:
+    return kinds is None or kinds.get(name, KIND_INPUT) != KIND_INPUT
+
+
 def with_uncompared_inputs(forward: Sequence[PairResult], weights: Sequence[PairResult],
-                           ref_records: Sequence[Record]) -> list[PairResult]:
+                           ref_records: Sequence[Record], cand_bundle: Any = None) -> list[PairResult]:
     """`forward` with `uncompared_inputs` filled in for each failing pair whose error is called its own (the
     only pairs whose words claim anything about their inputs)."""
+    if not any(p.failed and p.cause == CAUSE_OWN for p in forward):
+        return list(forward)
     by_name = {r.name: r for r in ref_records}
     own = module_weights(ref_records)
     pairs = {p.name: p for p in (*weights, *forward)}
-    return [replace(p, uncompared_inputs=uncompared_inputs(p, by_name.get(p.name), pairs, own))
-            if p.failed and p.cause == CAUSE_OWN else p for p in forward]
+    cand_paired = frozenset(p.cand_name for p in pairs.values())
+    ref_kinds = {r.name: r.kind for r in ref_records}
+    cand_kinds = {r.name: r.kind for r in cand_bundle.records} if cand_bundle is not None else None
+    out = []
+    for p in forward:
+        if p.failed and p.cause == CAUSE_OWN:
+            cand = cand_bundle.get(p.cand_name) if cand_bundle is not None else None
+            p = replace(p, uncompared_inputs=uncompared_inputs(p, by_name.get(p.name), pairs, own, cand, cand_paired,
+                                                               ref_kinds=ref_kinds, cand_kinds=cand_kinds))
+        out.append(p)
+    return out
 
 
 def made_in(tags: Iterable[str], module: str) -> str | None:
@@ -74,4 +98,4 @@ def made_in(tags: Iterable[str], module: str) -> str | None:
     return next((t[len(TAG_INPUTS_MADE_IN):] for t in tags if t.startswith(TAG_INPUTS_MADE_IN)), parent)
 
 
-__all__ = ["NOT_COMPARED", "UNPAIRED", "direct_inputs", "made_in", "module_weights", "uncompared_inputs", "with_uncompared_inputs"]
+__all__ = ["CAND_ONLY", "NOT_COMPARED", "UNPAIRED", "direct_inputs", "made_in", "module_weights", "uncompared_inputs", "with_uncompared_inputs"]

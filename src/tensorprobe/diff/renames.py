@@ -51,10 +51,11 @@ class Rewrite:
         return f"{pattern}(.*)={target}\\{rest}"
 
     def label(self, side: str, numbered: bool) -> str:
-        """'blocks.N' (the candidate's renamed instances) or 'layers.N'."""
-        text = ".".join(x for x in (self.prefix, self.cand if side == "cand" else self.ref) if x) or ROOT
+        """'blocks.N' (the candidate's renamed instances) or 'layers.N'; 'net.X' against 'X' for a rename
+        that is not a list of instances."""
+        text = ".".join(x for x in (self.prefix, self.cand if side == "cand" else self.ref) if x)
         text = text.replace(_NUMBER, "N")
-        return f"{text}.N" if numbered else text
+        return f"{text}.N" if numbered else f"{text}.X" if text else "X"
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def suggest(ref_bundle: Any, cand_bundle: Any, results: Sequence[PairResult], re
         corr = [(c, r) for c, r in corr if found[1].apply(c) is None]
     if not chosen:
         return None
-    rules = tuple(rule.pattern + "=" + rule.replacement for _, rule, _ in chosen)
+    rules = tuple(str(rule) for _, rule, _ in chosen)
     looks = "; ".join(_evidence(rw, landed, ref_bundle, cand_bundle) for rw, _, landed in chosen)
     maps = " ".join(f"--map '{r}'" for r in rules)
     unmatched = f"{len(ref_only):,} reference and {len(cand_only):,} candidate records have no counterpart"
@@ -166,9 +167,11 @@ def _best(corr: Sequence[tuple[str, str]], cands: Sequence[str], ref_names: set[
             continue
         head = ".".join(x for x in (rw.prefix, rw.cand) if x)
         matcher = re.compile("\\d+".join(re.escape(p) for p in head.split(_NUMBER)) + "(.*)")
-        hit = [c for c in cands if (m := matcher.fullmatch(c))]
-        dotted = all(matcher.fullmatch(c).group(1).startswith(".") for c in hit)   # type: ignore[union-attr]
-        rule = Rule(*rw.rule(dotted).rsplit("=", 1))
+        hit = [c for c in cands if matcher.fullmatch(c)]
+        dotted = [c for c in hit if matcher.fullmatch(c).group(matcher.groups).startswith(".")]  # type: ignore[union-attr]
+        if not rw.prefix and not rw.ref:   # `net.conv1` -> `conv1`: only names that go on after a dot can lose it
+            hit = dotted
+        rule = Rule(*rw.rule(len(dotted) == len(hit)).rsplit("=", 1))
         landed = [(c, t) for c in hit if (t := rule.apply(c)) in ref_names]
         if len(landed) >= MIN_VOTES and 2 * len(landed) >= len(hit):
             return rw, rule, landed
@@ -192,21 +195,32 @@ def _evidence(rw: Rewrite, landed: Sequence[tuple[str, str]], ref_bundle: Any, c
         groups = {"": [x for g in groups.values() for x in g]}
     forward = sorted((x for g in groups.values() for x in g if x[0].kind not in WEIGHT_KINDS), key=lambda x: x[0].order)
     in_order = [rr.order for _, rr in forward] == sorted(rr.order for _, rr in forward)
+    order = "order and " if len(forward) > 1 else ""     # weights alone say nothing of execution order
     shapes = [k for k, g in groups.items() if all(tuple(a.shape) == tuple(b.shape) for a, b in g)]
     weights = {k: [a.digest == b.digest for a, b in g if a.kind in WEIGHT_KINDS and a.digest and b.digest]
                for k, g in groups.items()}
     same_w = [k for k, w in weights.items() if w and all(w)]
     differ = [k for k, w in weights.items() if w and not all(w)]
-    n = len(groups)
-    what = [f"same order and shapes for {len(shapes)} of {n}" if in_order else
-            f"same shapes for {len(shapes)} of {n}, in another order"]
-    if same_w or differ:
-        what.append(f"same weights for {len(same_w)} of {n}"
-                    + (f" (not {', '.join(differ[:3])}{'' if len(differ) <= 3 else ' ...'})" if differ and numbered
-                       else ": its weights differ" if differ else ""))
-    cl, rl = rw.label("cand", numbered), rw.label("ref", numbered)
-    verb = "look" if numbered else "looks"
-    return f"the candidate's {cl} {verb} like the reference's {rl} ({', '.join(what)})"
+    if numbered:
+        n = len(groups)
+        what = [f"same {order}shapes for {len(shapes)} of {n}" if in_order else
+                f"same shapes for {len(shapes)} of {n}, in another order"]
+        if same_w or differ:
+            what.append(f"same weights for {len(same_w)} of {n}" + (f" (not {_names(differ)})" if differ else ""))
+    else:   # one renamed module: count its weights one by one
+        pairs = [x for g in groups.values() for x in g]
+        what = [f"same {order}shapes" if in_order and shapes else "same shapes, in another order" if shapes
+                else "other shapes"]
+        w = [(a.name, a.digest == b.digest) for a, b in pairs if a.kind in WEIGHT_KINDS and a.digest and b.digest]
+        if w:
+            bad = [name for name, same in w if not same]
+            what.append(f"same weights for {len(w) - len(bad)} of {len(w)}" + (f" (not {_names(bad)})" if bad else ""))
+    return f"the candidate's {rw.label('cand', numbered)} look like the reference's {rw.label('ref', numbered)} " \
+           f"({', '.join(what)})"
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 __all__ = ["Rewrite", "Suggestion", "rewrite_of", "suggest"]

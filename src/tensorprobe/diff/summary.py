@@ -13,11 +13,15 @@ from __future__ import annotations
 import math
 
 from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
-from .evidence import NOT_COMPARED, UNPAIRED, made_in
+from .evidence import CAND_ONLY, NOT_COMPARED, UNPAIRED, made_in
+from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_READS_QUANTIZED,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
+
+
+MAX_OUTPUTS_LISTED = 12    # outputs named with their error; a model with more gets a count (all are in the JSON)
 
 
 def fmt_err(p: PairResult) -> str:
@@ -39,6 +43,9 @@ def fmt_err(p: PairResult) -> str:
         return f"relative error at least {lo:.2g} (statistics)" if lo else "statistics show no difference (not proven)"
     if p.method == METHOD_DIGEST:
         return "identical"
+    layout = next((t[len(TAG_LAYOUT):] for t in p.tags if t.startswith(TAG_LAYOUT)), None)
+    if layout is not None and p.method is None:
+        return f"same values in another layout ({layout})"
     snr, corr = p.metric("snr_db"), p.metric("pearson")
     if snr is not None:
         parts.append("SNR inf" if snr == math.inf else f"SNR {snr:.1f} dB")
@@ -209,6 +216,9 @@ def _divergence_words(r: DiffReport) -> str:
 
 
 def _cause_words(r: DiffReport, p: PairResult) -> str:
+    if any(t.startswith(TAG_LAYOUT) for t in p.tags) and p.cause == CAUSE_OWN:
+        return (" The candidate holds the reference's values in another layout: transpose or reorder where the "
+                "port stores or reads it (or compare in one layout).")
     if p.kind == KIND_MODEL_INPUT:
         return " The model inputs already differ: compare the inputs before blaming a layer."
     if p.cause == CAUSE_WEIGHTS:
@@ -263,8 +273,8 @@ def _uncompared_words(p: PairResult) -> str:
     parts = []
     code = made_in(p.tags, p.module)
     if code is not None:
-        parts.append(f"made by {module_label(code)}'s own code, which no record shows (capture at --level op to see it)")
-    for why in (UNPAIRED, NOT_COMPARED):
+        parts.append(f"made by {module_label(code)}'s own code, which no record shows")
+    for why in (UNPAIRED, NOT_COMPARED, CAND_ONLY):
         names = [n for n, w in p.uncompared_inputs if w == why]
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
@@ -272,8 +282,9 @@ def _uncompared_words(p: PairResult) -> str:
     shown = ("; the compared records it is computed from agree" if p.input_rel_err == 0 else
              f"; the compared records it is computed from differ by at most {p.input_rel_err:.2g}"
              if p.input_rel_err else "")
+    see = " Capture at --level op to see that code." if code is not None else ""
     return (f" The error enters here or in what feeds it: its inputs were not compared ({'; '.join(parts)})"
-            f"{shown}.")
+            f"{shown}.{see}")
 
 
 def _sentence(text: str) -> str:
@@ -288,7 +299,7 @@ def _output_words(r: DiffReport, first: PairResult) -> str:
     if not outs:
         return ""
     failing = [o for o in outs if o.failed]
-    listed = "; ".join(f"{o.name} ({fmt_err(o)})" for o in (failing or outs)[:3])
+    listed = _listed_outputs(failing or outs, outs)
     if failing:
         by = ""
         if all(o.cause == CAUSE_RANDOM for o in failing):
@@ -296,6 +307,20 @@ def _output_words(r: DiffReport, first: PairResult) -> str:
                   if _port_error(r) else " — by random noise, not by the port")
         return f" The divergence persists to the output{'s' if len(failing) > 1 else ''}{by}: {listed}."
     return f" The error recovers: the output{'s pass' if len(outs) > 1 else ' passes'}: {listed}."
+
+
+def _listed_outputs(shown: list[PairResult], outs: list[PairResult]) -> str:
+    """Every output of `shown` with its error, in the model's order (the first graph output first), then the
+    outputs that pass, by name: a model's main result is never left out behind its caches."""
+    text = "; ".join(f"{o.name} ({fmt_err(o)})" for o in shown[:MAX_OUTPUTS_LISTED])
+    if len(shown) > MAX_OUTPUTS_LISTED:
+        text += f"; and {len(shown) - MAX_OUTPUTS_LISTED:,} more"
+    rest = [o.name for o in outs if o not in shown]
+    if rest:
+        names = ", ".join(rest[:MAX_OUTPUTS_LISTED]) + (f" and {len(rest) - MAX_OUTPUTS_LISTED:,} more"
+                                                         if len(rest) > MAX_OUTPUTS_LISTED else "")
+        text += f" ({names} pass{'es' if len(rest) == 1 else ''})"
+    return text
 
 
 def _port_error(r: DiffReport) -> bool:

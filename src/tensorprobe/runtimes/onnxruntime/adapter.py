@@ -101,7 +101,9 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         art.info = {"onnx_file": str(path), "exporter": exporter or "none (user file)",
                     "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
                     "producer": f"{model.producer_name} {model.producer_version}".strip(),
-                    "mapping_rules": len(rules.rules) if rules else 0}
+                    "mapping_rules": len(rules.rules) if rules else 0,
+                    # the model outputs in the graph's order: they are recorded in the order they are computed
+                    "outputs": list(model_output_names([o.name for o in model.graph.output]).values())}
         return art
 
     def _run(self, artifact: OnnxArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
