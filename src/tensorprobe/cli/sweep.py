@@ -35,11 +35,17 @@ def sweep_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="Run at most this many items not yet done."),
     replay_rng: Optional[bool] = typer.Option(None, "--replay-rng/--no-replay-rng", help="Reference and candidate "
                                               "draw the same random numbers (default: the Sweep's replay_rng)."),
+    sample_passing: int = typer.Option(0, "--sample-passing", metavar="N", min=0, help="Also capture and diff N "
+                                       "items (evenly spread) whatever their plain run says, to show the "
+                                       "distribution of the passing ones."),
+    capture_all: bool = typer.Option(False, "--capture-all", help="Capture and diff every item (no plain run "
+                                     "first): slower, a statistics-only bundle only where there is a finding."),
     json_out: bool = JsonOption,
 ) -> None:
-    """Run every item of SWEEP_TARGET through reference and candidate (what `compare` runs), write one JSON
-    line per item to RESULTS/items.jsonl as it finishes, and summarize: worst items, NaN origins, the layers
-    that diverge first most often. A rerun skips the items done."""
+    """Run every item of SWEEP_TARGET through reference and candidate, write one JSON line per item to
+    RESULTS/items.jsonl as it finishes, and summarize: worst items, NaN origins, the layers that diverge first
+    most often. Each item runs plainly first; only those whose outputs do not match are captured and diffed
+    (what `compare` runs). A rerun skips the items done and reuses RESULTS/prepared (the runtime export)."""
     from ..report.sweep import render_sweep
     from ..sweep import ENGINES, sweep
 
@@ -49,7 +55,8 @@ def sweep_cmd(
         options = parse_options(option)
         with _progress_bar(enabled=not json_out and sys.stderr.isatty()) as on_item:
             summary = sweep(target, out, runtime=runtime, cand=cand, workers=workers, engine=engine, address=address,
-                            options=options, limit=limit, replay_rng=replay_rng, on_item=on_item)
+                            options=options, limit=limit, replay_rng=replay_rng, sample_passing=sample_passing,
+                            capture_all=capture_all, on_item=on_item)
     except TensorprobeError as e:
         fail(str(e))
     if json_out:

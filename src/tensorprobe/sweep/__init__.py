@@ -12,8 +12,12 @@ most often, on a local process pool, a Ray cluster or a Dask cluster.
     >>> summary.first_divergence[0]                                            # doctest: +SKIP
     ('generator.noise_res.1.adain1.0.norm', 37)
 
+Each item runs plainly first (tier 1: both models, no capture, the outputs judged); only the items that do not
+pass, and a sample of the rest (`sample_passing`), are captured and diffed (tier 2: `tensorprobe.sweep.tiers`).
+
 RESULTS holds `items.jsonl` (one line per item as it finishes; a rerun skips the items done and retries
-the ones that failed), `summary.json`, `report.html`, and `bundles/<item>/` for the items with a finding.
+the ones that failed), `summary.json`, `report.html`, `bundles/<item>/` (statistics-only) for the items with
+a finding, and `prepared/` with the runtime exports, one per model and input shape, that a rerun reuses.
 """
 
 from __future__ import annotations
@@ -29,13 +33,16 @@ from .engines import ENGINES, MAX_ATTEMPTS, default_workers, run_items
 from .guard import require_main_guard
 from .results import ResultStore, SweepSummary, summarize
 from .spec import Candidate, Sweep, TargetSource
+from .tiers import Tiering
+
+PREPARED_DIR = "prepared"        # RESULTS/prepared/<key>/: runtime exports shared by workers and reruns
 
 
 def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, cand: str | None = None,
           workers: int | None = None,
           engine: str = "local", address: str | None = None, options: dict[str, Any] | None = None,
-          limit: int | None = None, replay_rng: bool | None = None,
-          on_item: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepSummary:
+          limit: int | None = None, replay_rng: bool | None = None, sample_passing: int = 0,
+          capture_all: bool = False, on_item: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepSummary:
     """Run SWEEP_TARGET's items through reference and candidate; write RESULTS; return the aggregate.
 
     Args:
@@ -51,6 +58,9 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
         limit: run at most this many of the items not yet done.
         replay_rng: reference and candidate draw the same random numbers (overrides the Sweep's `replay_rng`):
             a runtime's draws are fed to the reference, a PyTorch candidate replays the reference's.
+        sample_passing: besides the items whose plain run (tier 1) fails, run this many more at tier 2
+            (captures, `diff`, `nan`), drawn evenly from the items to run, to show the distribution.
+        capture_all: skip tier 1: every item gets the captures (what every item cost before tiers).
         on_item: called with (record, finished so far, to run) as each item finishes (progress).
     """
     from ..logs import quiet_third_party
@@ -72,10 +82,12 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
     todo = [n for n in names if n not in done]
     if limit is not None:
         todo = todo[:limit]
+    tiering = Tiering(tier1=not capture_all, sample=_sample(todo, sample_passing),
+                      cache_dir=str(store.root / PREPARED_DIR))
     with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as scratch:
         for i, record in enumerate(run_items(engine, todo, source, candidate, str(store.bundles), options or {},
-                                             workers or default_workers(), address, scratch, replay_rng),
-                                   start=1):
+                                             workers or default_workers(), address, scratch, replay_rng,
+                                             tiering), start=1):
             store.append(record)
             if on_item is not None:
                 on_item(record, i, len(todo))
@@ -86,6 +98,14 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
 
     write_sweep_html(store.root / "report.html", summary, [latest[n] for n in names if n in latest], target)
     return summary
+
+
+def _sample(names: list[str], n: int) -> frozenset:
+    """`n` of `names`, evenly spaced (the same on a rerun of the same list; no random draw to seed)."""
+    if n <= 0 or not names:
+        return frozenset()
+    step = max(1.0, len(names) / n)
+    return frozenset(names[int(i * step)] for i in range(min(n, len(names))))
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:

@@ -11,23 +11,26 @@ import os
 from typing import Any, Callable, Iterator
 
 from ..errors import InputError, RuntimeUnavailable
-from .item import STATUS_FAILED, SweepWorker
+from .item import STATUS_FAILED
 from .spec import Candidate, TargetSource
+from .tiers import TieredWorker, Tiering
 
 MAX_ATTEMPTS = 2
 ENGINES = ("local", "ray", "dask")
 
-_WORKER: SweepWorker | None = None          # the local pool's worker state, one per process
-_DASK_WORKERS: dict[tuple, SweepWorker] = {}
+_WORKER: TieredWorker | None = None          # the local pool's worker state, one per process
+_DASK_WORKERS: dict[tuple, TieredWorker] = {}
 
 
 def run_items(engine: str, names: list[str], source: TargetSource, candidate: Candidate, keep_dir: str,
               options: dict[str, Any], workers: int, address: str | None = None,
-              scratch: str | None = None, replay_rng: bool | None = None) -> Iterator[dict[str, Any]]:
+              scratch: str | None = None, replay_rng: bool | None = None,
+              tiering: Tiering | None = None) -> Iterator[dict[str, Any]]:
     """Records of `names`, in the order they finish. `scratch`: a directory on this machine for the workers'
     prepared artifacts, which the caller removes (ignored on a remote cluster, whose workers clean up).
-    `replay_rng`: overrides the Sweep's own (None keeps it)."""
-    setup = (source, candidate, keep_dir, options, replay_rng)
+    `replay_rng`: overrides the Sweep's own (None keeps it). `tiering`: tier 1 first, the sample of
+    passing items run at tier 2, and the shared artifact cache (default: tier 1, no sample, no cache)."""
+    setup = (source, candidate, keep_dir, options, replay_rng, tiering or Tiering())
     if engine == "local":
         yield from _local(names, setup, workers, scratch)
     elif engine == "ray":
@@ -43,13 +46,18 @@ def _died(name: str, attempts: int, how: str) -> dict[str, Any]:
             "error": f"the worker process died running it ({how}; {attempts} attempts)", "seconds": 0.0}
 
 
+def _worker(setup: tuple, scratch: str | None) -> TieredWorker:
+    *common, tiering = setup
+    return TieredWorker(*common, scratch=scratch, tiering=tiering)
+
+
 # ---- local process pool ------------------------------------------------------------------------------
 def _init_local(setup: tuple, scratch: str | None) -> None:
     global _WORKER
     import torch
 
     torch.set_num_threads(1)     # the pool's processes share the cores: one thread each, no oversubscription
-    _WORKER = SweepWorker(*setup, scratch=scratch)
+    _WORKER = _worker(setup, scratch)
 
 
 def _run_local(name: str) -> dict[str, Any]:
@@ -58,49 +66,54 @@ def _run_local(name: str) -> dict[str, Any]:
 
 
 def _local(names, setup, workers, scratch) -> Iterator[dict[str, Any]]:
+    attempts = {n: 0 for n in names}
+    queue = list(names)
+    while queue:
+        suspects = yield from _pool_pass(queue, setup, max(1, workers), scratch, attempts)
+        # the items running when a worker died: each runs again alone, one pool of one at a time, so the one
+        # that kills its worker is found and the innocent ones just finish
+        while suspects:
+            n = suspects.pop(0)
+            if attempts[n] >= MAX_ATTEMPTS:
+                yield _died(n, attempts[n], "local pool")
+            else:
+                suspects += (yield from _pool_pass([n], setup, 1, scratch, attempts))
+
+
+def _pool_pass(queue: list[str], setup: tuple, size: int, scratch: str | None,
+               attempts: dict[str, int]) -> Iterator[dict[str, Any]]:
+    """Run `queue`'s items (popped as submitted) on a pool of `size` until it is empty or a worker dies;
+    returns the items that were running when one died (their futures are lost with the pool)."""
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = multiprocessing.get_context("spawn")      # fork after torch's threads start is unsafe
-    attempts = {n: 0 for n in names}
-    queue, suspects = list(names), []
-    size = max(1, workers)
-    while queue:
-        pool = ProcessPoolExecutor(max_workers=min(size, len(queue)), mp_context=ctx, initializer=_init_local,
-                                   initargs=(setup, scratch))
-        running = {}
-        broken = False
-        try:
-            while queue or running:
-                while queue and len(running) < 2 * size and not broken:
-                    n = queue.pop(0)
-                    attempts[n] += 1
-                    running[pool.submit(_run_local, n)] = n
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    n = running.pop(fut)
-                    try:
-                        yield {**fut.result(), "attempts": attempts[n]}
-                    except BrokenProcessPool:
-                        broken = True
-                        suspects.append(n)
-                if broken:
-                    suspects += list(running.values())     # their futures are lost with the pool
-                    running.clear()
-                    break
-        finally:
-            pool.shutdown(wait=not broken, cancel_futures=True)
-        if broken:
-            # run each suspect alone: the one that kills its worker is found; the others just finish
-            for n in suspects:
-                if attempts[n] >= MAX_ATTEMPTS:
-                    yield _died(n, attempts[n], "local pool")
-                else:
-                    queue.insert(0, n)
-            suspects = []
-            size = 1 if queue else size
-        # a pool of one after a crash keeps a second crash from taking innocent items with it
+    pool = ProcessPoolExecutor(max_workers=min(size, len(queue)), mp_context=ctx, initializer=_init_local,
+                               initargs=(setup, scratch))
+    running: dict[Any, str] = {}
+    suspects: list[str] = []
+    depth = 2 * size if size > 1 else 1     # one item in flight when isolating: a crash names it alone
+    try:
+        while queue or running:
+            while queue and len(running) < depth:
+                n = queue.pop(0)
+                attempts[n] += 1
+                running[pool.submit(_run_local, n)] = n
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                n = running.pop(fut)
+                try:
+                    yield {**fut.result(), "attempts": attempts[n]}
+                except BrokenProcessPool:
+                    suspects.append(n)
+            if suspects:
+                suspects += list(running.values())
+                running.clear()
+                return suspects
+        return suspects
+    finally:
+        pool.shutdown(wait=not suspects, cancel_futures=True)
 
 
 # ---- Ray ---------------------------------------------------------------------------------------------
@@ -153,7 +166,7 @@ class _RayWorker:
         import torch
 
         torch.set_num_threads(1)
-        self.worker = SweepWorker(*setup, scratch=scratch)
+        self.worker = _worker(setup, scratch)
 
     def run(self, name: str) -> dict[str, Any]:
         return self.worker.run(name)
@@ -164,8 +177,8 @@ class _RayWorker:
 
 # ---- Dask --------------------------------------------------------------------------------------------
 def _dask_key(setup: tuple) -> tuple:
-    source, candidate, keep_dir, options, replay_rng = setup
-    return (source, candidate, keep_dir, tuple(sorted(options.items())), replay_rng)
+    source, candidate, keep_dir, options, replay_rng, tiering = setup
+    return (source, candidate, keep_dir, tuple(sorted(options.items())), replay_rng, tiering)
 
 
 def _dask_run(setup: tuple, scratch: str | None, name: str) -> dict[str, Any]:
@@ -174,7 +187,7 @@ def _dask_run(setup: tuple, scratch: str | None, name: str) -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(1)
-        worker = _DASK_WORKERS[_dask_key(setup)] = SweepWorker(*setup, scratch=scratch)
+        worker = _DASK_WORKERS[_dask_key(setup)] = _worker(setup, scratch)
     return worker.run(name)
 
 

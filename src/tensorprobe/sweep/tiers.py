@@ -1,0 +1,238 @@
+"""Two tiers of a sweep item: a plain run of both models first, the captures only where it is needed.
+
+Tier 1 runs the reference and the candidate as a user would (no capture, no files) and judges their
+outputs: same shapes, every sample finite on both sides, relative error within float32 rounding through a
+deep path (`CEILING_UNITS` x 2^-24, what `diff` lets any same-precision record differ by without a
+measurement), and, with a sample rate, `audio check` of both and `audio diff`. An item that passes is done:
+its line says tier 1. Any other item (or one in the `sample` of passing items the driver asks for, to show
+the distribution) gets tier 2, `SweepWorker.run`: both captures, `diff`, `nan`, the bundles kept
+statistics-only when there is a finding. Tier 1 never decides a finding; it only lets a clean item skip
+the captures, so a sweep's findings are tier 2's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .item import STATUS_DONE, SweepWorker
+from .prepared import ArtifactCache, model_digest
+
+TIER1_REL_MAX = 2048 * 2.0 ** -24     # diff.noise's rounding ceiling: a faithful float32 port's output is within
+
+
+@dataclass(frozen=True)
+class Tiering:
+    """How the driver wants items run: tier 1 first (`tier1`), the names to run at tier 2 whatever tier 1
+    says (`sample`), and where prepared artifacts are shared (`cache_dir`, None: per worker)."""
+
+    tier1: bool = True
+    sample: frozenset = field(default_factory=frozenset)
+    cache_dir: str | None = None
+
+
+class TieredWorker(SweepWorker):
+    """A `SweepWorker` that runs tier 1 before the captures and shares runtime exports through a cache."""
+
+    def __init__(self, *setup: Any, scratch: str | None = None, tiering: Tiering | None = None):
+        super().__init__(*setup, scratch=scratch)
+        self.source = setup[0]
+        self.tiering = tiering or Tiering()
+        self.cache = ArtifactCache(self.tiering.cache_dir) if self.tiering.cache_dir else None
+        self.exported: list[str] = []            # keys this worker exported itself (the rest came from the cache)
+        self._sessions: dict[int, Any] = {}
+        self._digest: str | None = None
+
+    def run(self, name: str) -> dict[str, Any]:
+        """Tier 1, then tier 2 when tier 1 does not pass (or the item is in the sample); never raises.
+        The item that made a shared export says so (`exported`: the input shapes)."""
+        before = len(self.exported)
+        record = self._run_tiers(name)
+        if len(self.exported) > before:
+            record["exported"] = self.exported[before:]
+        return record
+
+    def _run_tiers(self, name: str) -> dict[str, Any]:
+        if self._tier1_applies() and name not in self.tiering.sample:
+            start = time.perf_counter()
+            try:
+                record, why = self._tier1(name)
+            except Exception as e:  # noqa: BLE001 - tier 2 runs it again and reports the error as the item's
+                record, why = None, f"{type(e).__name__}: {e}"
+            if record is not None:
+                record["seconds"] = round(time.perf_counter() - start, 4)
+                return record
+        else:
+            why = "sampled" if name in self.tiering.sample else None
+        record = super().run(name)
+        record["tier"] = 2
+        if why is not None:
+            record["tier1"] = why          # why the plain run did not settle it
+        return record
+
+    def _tier1_applies(self) -> bool:
+        return self.tiering.tier1 and self.sweep.pipeline is None
+
+    # ---- tier 1 ---------------------------------------------------------------------------------------
+    def _tier1(self, name: str) -> tuple[dict[str, Any] | None, str]:
+        """(the item's record, "") when the plain run passes; (None, why not) otherwise."""
+        inputs = self.sweep.inputs_of(name)
+        with torch.inference_mode():
+            ref = _arrays(self.sweep.reference(*inputs))
+        cand = self._plain_candidate(inputs)
+        if len(ref) != len(cand) or not ref:
+            return None, f"{len(ref)} reference outputs, {len(cand)} candidate outputs"
+        judged = [_judge_output(f"output.{i}" if len(ref) > 1 else "output", r, c) for i, (r, c) in
+                  enumerate(zip(ref, cand))]
+        bad = next((why for _, why in judged if why), None)
+        if bad is not None:
+            return None, bad
+        first, _ = judged[0]
+        record = {"item": name, "status": STATUS_DONE, "tier": 1, "verdict": "match", "first_divergence": None,
+                  "cause": None, "output": first.name, "output_snr_db": _num(_snr(first)),
+                  "output_corr": _num(_corr(first)), "output_rel_err": _num(_rel(first)),
+                  "output_nonfinite": first.to_dict(), "ref_nan": None, "cand_nan": None,
+                  "strongest_amplifier": None, "records_compared": 0, "reasons": [], "model_properties": [],
+                  "finding": False, "bundle": None}
+        if self.sweep.sample_rate and first.reference.squeeze().ndim == 1:
+            record["audio"], props = _audio_checks(first, self.sweep.sample_rate)
+            record["model_properties"] = props
+        return record, ""
+
+    def _plain_candidate(self, inputs: tuple) -> list[np.ndarray]:
+        """The candidate's outputs from a plain run: a PyTorch model called, a runtime's session run."""
+        if not isinstance(self.candidate, str):
+            with torch.inference_mode():
+                return _arrays(self.candidate(*inputs))
+        artifact = self._prepared_for(inputs)
+        if self.candidate == "onnxruntime":
+            return self._ort_outputs(artifact, inputs)
+        from ..record import KIND_MODEL_OUTPUT
+        from ..runtimes import get_runtime
+        from ..runtimes.base import Selection
+
+        nothing = Selection.of(include=r"(?!)")     # model outputs are always kept; nothing else is made
+        outs = [(rt.name or rt.runtime_name, rt.value) for rt in
+                get_runtime(self.candidate)._run(artifact, inputs, nothing) if rt.kind == KIND_MODEL_OUTPUT]
+        return [np.asarray(_as_numpy(v)) for _, v in sorted(outs, key=lambda o: _output_index(o[0]))]
+
+    def _ort_outputs(self, artifact: Any, inputs: tuple) -> list[np.ndarray]:
+        from ..runtimes.onnxruntime.session import graph_feeds, make_session
+
+        session = self._sessions.get(id(artifact))
+        if session is None:
+            session = self._sessions[id(artifact)] = make_session(artifact.model, artifact.threads)
+        return [np.asarray(v) for v in session.run(None, graph_feeds(artifact.model, inputs))]
+
+    # ---- prepare once ---------------------------------------------------------------------------------
+    def _prepared_for(self, inputs: tuple) -> Any:
+        """The runtime artifact for these input shapes: from the shared cache where the runtime has one."""
+        if self.artifact is not None or self.cache is None or not ArtifactCache.supports(self.candidate):
+            return super()._prepared_for(inputs)
+        key = tuple(tuple(t.shape) if hasattr(t, "shape") else repr(t) for t in inputs)
+        if key not in self._prepared:
+            if self._digest is None:
+                self._digest = model_digest(self.sweep.reference, self.source.text)
+            art, made = self.cache.get(self.candidate, self.sweep.reference, inputs, self.options, self._digest)
+            self._prepared[key] = art
+            if made:
+                self.exported.append(repr(key))
+        return self._prepared[key]
+
+    def close(self) -> None:
+        self._sessions.clear()
+        super().close()
+
+
+def _audio_checks(out: "_Judged", sample_rate: float) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """`audio check` of both outputs. They agree within float32 rounding here, so a check the candidate
+    fails is the model's (`compare.judge_audio` with agree=True), and `audio diff` (0.5 s an item on a 0.25 s
+    clip, as long as both models' run) could only say "same": it is left to tier 2, which gets every item
+    that differs by more."""
+    from .. import audio
+
+    ref = audio.check(out.reference.squeeze(), sample_rate, source="reference output")
+    cand = audio.check(out.candidate.squeeze(), sample_rate, source="candidate output")
+    props = [{"code": f"audio.{v.check}", "text": f"audio {v.check}: the outputs agree within float32 rounding "
+                                                  f"and the reference's output sits at the same place "
+                                                  f"({ref.verdict(v.check).message})"} for v in cand.errors]
+    return {"check": cand.status, "reference_check": ref.status, "problems": [],
+            "model_problems": [v.check for v in cand.errors], "diff": None,
+            "diff_skipped": "the outputs agree within float32 rounding (tier 1)", "finding": False}, props
+
+
+@dataclass(frozen=True)
+class _Judged:
+    name: str
+    reference: np.ndarray
+    candidate: np.ndarray
+    err2: float
+    ref2: float
+    corr: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "candidate_only": 0, "reference_only": 0, "both": 0}
+
+
+def _judge_output(name: str, r: np.ndarray, c: np.ndarray) -> tuple[_Judged | None, str]:
+    """(the output judged, "") when it passes tier 1; (None, why) otherwise."""
+    if r.shape != c.shape:
+        return None, f"{name}: shapes differ ({r.shape} vs {c.shape})"
+    if r.dtype.kind not in "fc" or c.dtype.kind not in "fc":
+        return (None, f"{name}: values differ") if not np.array_equal(r, c) else \
+            (_Judged(name, r, c, 0.0, 1.0, 1.0), "")
+    r64, c64 = r.astype(np.float64, copy=False), c.astype(np.float64, copy=False)
+    if not (np.isfinite(r64).all() and np.isfinite(c64).all()):
+        return None, f"{name}: non-finite values"
+    err2, ref2 = float(np.sum((c64 - r64) ** 2)), float(np.sum(r64 ** 2))
+    rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
+    if rel > TIER1_REL_MAX:
+        return None, f"{name}: relative error {rel:.3g} beyond {TIER1_REL_MAX:.2g}"
+    rc, cc = r64.ravel() - r64.mean(), c64.ravel() - c64.mean()
+    denom = math.sqrt(float(rc @ rc) * float(cc @ cc))
+    corr = float(rc @ cc) / denom if denom > 0 else 1.0
+    return _Judged(name, r, c, err2, ref2, corr), ""
+
+
+def _snr(j: _Judged) -> float:
+    return math.inf if j.err2 == 0 else 10 * math.log10(j.ref2 / j.err2) if j.ref2 > 0 else -math.inf
+
+
+def _rel(j: _Judged) -> float:
+    return math.sqrt(j.err2 / j.ref2) if j.ref2 > 0 else 0.0
+
+
+def _corr(j: _Judged) -> float:
+    return j.corr
+
+
+def _num(v: float) -> float | str:
+    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
+def _arrays(out: Any) -> list[np.ndarray]:
+    """A model's outputs flattened in order (tensor, tuple/list, dict values), as numpy arrays."""
+    if isinstance(out, torch.Tensor):
+        return [_as_numpy(out)]
+    if isinstance(out, dict):
+        return [a for v in out.values() for a in _arrays(v)]
+    if isinstance(out, (tuple, list)):
+        return [a for v in out for a in _arrays(v)]
+    return []
+
+
+def _as_numpy(v: Any) -> np.ndarray:
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu()
+        return (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+    return np.asarray(v)
+
+
+def _output_index(name: str) -> int:
+    tail = name.rpartition(".")[2]
+    return int(tail) if tail.isdigit() else 0
