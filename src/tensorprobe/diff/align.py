@@ -124,7 +124,8 @@ def parse_rules(lines: Iterable[str | Rule], where: str = "rules") -> list[Rule]
 
 
 def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] = (), *,
-          runtime_names: bool | None = None) -> Alignment:
+          runtime_names: bool | None = None,
+          outputs: tuple[Sequence[str], Sequence[str]] = ((), ())) -> Alignment:
     """Pair records: each class with its own kind (weights with weights, model inputs with model inputs,
     model outputs with model outputs, the forward's records with the forward's), by exact name, then
     `rules`, then as the class allows: weights by identical content, model inputs and outputs by position,
@@ -136,6 +137,8 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
         runtime_names: pair forward records by the runtime's own value name first (ONNX value names survive
             quantization and float16 conversion, while op counts shift). None: when both sides come from
             the same runtime and share most value names.
+        outputs: each side's model-output record names in the model's own order (`declared_outputs`), where
+            it is not the order they were recorded in (an ONNX graph's outputs are recorded as computed).
 
     Example:
         >>> a = align(ref_bundle, cand_bundle, [parse_rule(r"dec\\.(.*)=decoder.\\1")])  # doctest: +SKIP
@@ -160,8 +163,10 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
         _match_rules(c_cls, by_ref, rules, matched, used)
         if cls == _WEIGHTS:
             _match_digest(r_cls, c_cls, matched, used)
-        elif cls in (_INPUTS, _OUTPUTS):
-            _match_position(r_cls, c_cls, matched, used)
+        elif cls == _INPUTS:
+            _match_position(in_model_order(r_cls, ()), in_model_order(c_cls, ()), matched, used)
+        elif cls == _OUTPUTS:
+            _match_position(in_model_order(r_cls, outputs[0]), in_model_order(c_cls, outputs[1]), matched, used)
         else:
             _match_draws(r_cls, c_cls, rules, matched, used)
             _match_order(r_cls, c_cls, rules, matched, used)
@@ -205,37 +210,62 @@ def _match_runtime_names(refs: list[Record], cands: list[Record], matched: dict,
         for t in c.tags:
             if t.startswith(TAG_STANDS_FOR):
                 by_value[t[len(TAG_STANDS_FOR):]] = c
+    by_name = {c.name: c for c in cands}
     for r in refs:
         if r.name in matched or not r.runtime_name:
             continue
         c = by_value.get(r.runtime_name)
+        if c is not None and _same_name_same_op(r, by_name.get(r.name), used) and \
+                canonical_op(c.op) != canonical_op(r.op) and not any(t.startswith(TAG_STANDS_FOR) for t in c.tags):
+            continue   # a graph that folded an op away (x * 1.0) names the op's input by the output's value name
         if c is not None and c.name not in used and same_shape(r.shape, c.shape):
             matched[r.name] = (c, MATCH_RUNTIME)
             used.add(c.name)
 
 
+def _same_name_same_op(r: Record, c: Record | None, used: set[str]) -> bool:
+    return c is not None and c.name not in used and canonical_op(c.op) == canonical_op(r.op) and \
+        same_shape(r.shape, c.shape)
+
+
 def _match_digest(refs: list[Record], cands: list[Record], matched: dict, used: set[str]) -> None:
     """Weights stored under another name (an exporter's `val_12`, a renamed module) with identical content."""
-    by_digest: dict[tuple, Record] = {}
-    for c in cands:
+    by_digest: dict[tuple, list[Record]] = {}   # several weights may hold one content (BatchNorm counters)
+    for c in sorted(cands, key=lambda c: c.order):
         if c.name not in used and c.digest:
-            by_digest.setdefault((c.digest, tuple(c.shape), c.dtype), c)
-    for r in refs:
+            by_digest.setdefault((c.digest, tuple(c.shape), c.dtype), []).append(c)
+    for r in sorted(refs, key=lambda r: r.order):
         if r.name in matched or not r.digest:
             continue
-        c = by_digest.pop((r.digest, tuple(r.shape), r.dtype), None)
+        same = by_digest.get((r.digest, tuple(r.shape), r.dtype))
+        c = same.pop(0) if same else None     # in order: the n-th of equal weights meets the n-th
         if c is not None and c.name not in used:
             matched[r.name] = (c, MATCH_DIGEST)
             used.add(c.name)
 
 
+def declared_outputs(manifest: dict) -> tuple[str, ...]:
+    """The model-output record names in the model's own order, where a bundle's manifest says it (an ONNX
+    capture: `runtime.outputs`, the graph's output order); () otherwise (the recorded order is the model's:
+    a PyTorch capture records the outputs in the order the forward returns them)."""
+    names = ((manifest or {}).get("runtime") or {}).get("outputs") or ()
+    return tuple(n for n in names if isinstance(n, str))
+
+
+def in_model_order(records: Sequence[Record], declared: Sequence[str]) -> list[Record]:
+    """Model inputs or outputs in the model's order: the declared names first in their order, then the rest as
+    recorded."""
+    pos = {n: i for i, n in enumerate(declared)}
+    return sorted(records, key=lambda r: (pos.get(r.name, len(pos)), r.order))
+
+
 def _match_position(refs: list[Record], cands: list[Record], matched: dict, used: set[str]) -> None:
     """Model inputs and outputs left over pair by position among their own kind (PyTorch's `input.0` with
-    an ONNX graph's first input `input.asr`)."""
-    r_left = [r for r in sorted(refs, key=lambda r: r.order) if r.name not in matched]
-    c_left = [c for c in sorted(cands, key=lambda c: c.order) if c.name not in used]
-    r_pos = {r.name: i for i, r in enumerate(sorted(refs, key=lambda r: r.order))}
-    c_pos = {c.name: i for i, c in enumerate(sorted(cands, key=lambda c: c.order))}
+    an ONNX graph's first input `input.asr`); `refs` and `cands` come in the model's order."""
+    r_left = [r for r in refs if r.name not in matched]
+    c_left = [c for c in cands if c.name not in used]
+    r_pos = {r.name: i for i, r in enumerate(refs)}
+    c_pos = {c.name: i for i, c in enumerate(cands)}
     by_pos = {c_pos[c.name]: c for c in c_left}
     for r in r_left:
         c = by_pos.get(r_pos[r.name])

@@ -23,8 +23,11 @@ from typing import Any, Mapping, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
+from .align import declared_outputs, in_model_order
 from .draws import DrawFindings, is_draw_finding
+from .evidence import made_in, with_uncompared_inputs
 from .explain import HUGE_GAIN, explain, family, predicted_gain
+from .renames import suggest as suggest_renames
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN, Noise, measured_floor, sensitivity)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
@@ -62,10 +65,13 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
                        noise=noise, reduced=reduced, draws=draws, unread=unread, swapped=findings)
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
+    forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
     notes = list(notes) + ([graph_note] if graph_note else [])
     failing = [p for p in forward if p.failed]
-    output = model_output(forward)
-    outs = [p for p in forward if p.kind == KIND_MODEL_OUTPUT] or ([output] if output is not None else [])
+    declared = declared_outputs(getattr(ref_bundle, "manifest", None) or {})   # the graph's output order
+    output = model_output(forward, declared)
+    outs = in_model_order([p for p in forward if p.kind == KIND_MODEL_OUTPUT], declared) or \
+        ([output] if output is not None else [])
     if not any(o.failed and o.cause == CAUSE_RANDOM for o in outs):
         failing = [p for p in failing if p.cause != CAUSE_RANDOM]   # noise that never reaches an output leads nothing
     failing = [p for p in failing if TAG_UNREAD not in p.tags]      # nor do flipped indices nothing reads
@@ -78,13 +84,14 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     worst = max(compared, key=lambda p: p.rel_err, default=None)
     worst = worst if worst is not None and worst.rel_err > 0 else None
     amps = amplifiers(forward, criteria, by_name)
-    outputs = tuple(p.name for p in forward if p.kind == KIND_MODEL_OUTPUT)
+    outputs = tuple(p.name for p in outs if p.kind == KIND_MODEL_OUTPUT)
     series = call_series(forward)
     rng = rng_note(first, ref_records, ref_bundle, cand_bundle) if first else None
     notes += angle_notes(forward)
     if ref_only and not results:
         notes.append("no record of the candidate lines up with the reference: is it the same model? "
                      "map names with --map PATTERN=REPLACEMENT or --rules FILE")
+    renames = suggest_renames(ref_bundle, cand_bundle, results, ref_only, cand_only)
     w_ref_only, ref_only = _split_weights(ref_only, ref_bundle)
     w_cand_only, cand_only = _split_weights(cand_only, cand_bundle)
     levels = level_mismatch(ref_bundle, cand_bundle, forward, ref_only, cand_only)
@@ -97,7 +104,8 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                         first_difference=failing[0].name if failing and first is not failing[0] else None,
                         environment_notes=tuple(environment_notes), incomplete=tuple(incomplete),
                         rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.cause == CAUSE_RANDOM),
-                        reduced_precision=reduced, levels=levels)
+                        reduced_precision=reduced, levels=levels, renames=renames and renames.sentence,
+                        suggested_rules=renames.rules if renames else ())
     return replace(report, summary=summarize(report))
 
 
@@ -201,6 +209,9 @@ class _InputSources:
         # (the root's own F.linear on a classifier's weights), so their weights are read by the module around them
         paired = {p.module for p in results if p.op.startswith("module:")}
         self.unpaired = {r.module for r in ref_records if r.op.startswith("module:")} - paired
+        # a module-level record whose input a parent's own code made (`self.post(self.conv(x) * self.scale)`)
+        # reads that parent's weights through it: a changed buffer of the parent is named as its cause
+        self.made_in = {r.name: m for r in ref_records if (m := made_in(r.tags, r.module)) is not None}
 
     def errors(self, p: PairResult, rel: dict[str, float], carrier: str | None,
                prev: str | None) -> list[tuple[float, str]]:
@@ -211,6 +222,8 @@ class _InputSources:
             inputs += self.own_weights.get(p.module, []) + self.children.get(p.name, [])
             inputs += [w for m in self.unpaired if m != p.module and (not p.module or m.startswith(f"{p.module}."))
                        for w in self.own_weights.get(m, [])]
+            if p.name in self.made_in:
+                inputs += self.own_weights.get(self.made_in[p.name], [])
         known = [(rel[i], i) for i in inputs if i in rel]
         if module_level and carrier and not any(i in self.forward for i in self.graph.get(p.name, ())):
             known.append((rel[carrier], carrier))   # its data came through functional code
@@ -656,10 +669,11 @@ def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str,
     return out
 
 
-def model_output(results: list[PairResult]) -> PairResult | None:
-    """The model's first own output (a model-output record), else the root module's output, else the last
-    output record in execution order."""
-    outs = [p for p in results if p.kind == KIND_MODEL_OUTPUT]
+def model_output(results: list[PairResult], declared: Sequence[str] = ()) -> PairResult | None:
+    """The model's first own output (a model-output record, in the model's order: `declared`, else as recorded)
+    that fails, else its first output, else the root module's output, else the last output record in
+    execution order."""
+    outs = in_model_order([p for p in results if p.kind == KIND_MODEL_OUTPUT], declared)
     failing = [p for p in outs if p.failed]
     if outs:
         return failing[0] if failing else outs[0]

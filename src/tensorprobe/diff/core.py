@@ -26,9 +26,11 @@ from ..errors import InputError
 from ..record import KIND_MODEL_OUTPUT, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
-from .align import Pair, Rule, align, inconsistent_order_pairs, load_rules, parse_rule, parse_rules, same_shape
+from .align import (Pair, Rule, align, declared_outputs, inconsistent_order_pairs, load_rules, parse_rule,
+                    parse_rules, same_shape)
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
+from .layout import REORDER_MIN_ERROR, find_layout
 from .metrics import Sums, accumulate, evaluate
 from .noise import (OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_WORDS, Noise, Precision, dequantized_floor, expected_noise,
                     judged_floor, reduced_precision, weight_floor)
@@ -76,7 +78,8 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
     rule_list = _rules(rules)
     angle_res = _compile_all(angles, "--angle")
     db_res = _db_specs(db)
-    alignment = align(ref_b.records, cand_b.records, rule_list)
+    alignment = align(ref_b.records, cand_b.records, rule_list,
+                      outputs=(declared_outputs(ref_b.manifest), declared_outputs(cand_b.manifest)))
     inconsistent = inconsistent_order_pairs(alignment)
     ref_env, cand_env = ref_b.manifest.get("environment"), cand_b.manifest.get("environment")
     cand_of = {p.ref.name: p.cand for p in alignment.pairs}
@@ -137,8 +140,13 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
                 "only its finiteness is compared: " + not_comparable.removeprefix("not comparable: "),))
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable,))
     if not same_shape(r.shape, c.shape):
-        return PairResult(**base, status=STATUS_SHAPE,
-                          reasons=(f"shape {_shape(r.shape)} vs {_shape(c.shape)}",))
+        shapes = f"shape {_shape(r.shape)} vs {_shape(c.shape)}"
+        layout = find_layout(ref_b.numpy(r.name), cand_b.numpy(c.name), _layout_limit(criteria, floor)) \
+            if r.has_tensor and c.has_tensor and r.stats.numel == c.stats.numel else None
+        if layout is not None:   # every value right, in another place: say so, not just "shape differs"
+            return PairResult(**{**base, "tags": base["tags"] + (layout.tag(),)}, status=STATUS_SHAPE,
+                              reasons=(f"same values in another layout ({layout.words()}): {shapes}",))
+        return PairResult(**base, status=STATUS_SHAPE, reasons=(shapes,))
     if not kinds_agree(r, c):
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable_reason(r, c),))
     if r.has_tensor and c.has_tensor:
@@ -179,7 +187,6 @@ def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteri
     metrics = evaluate(sums)
     angle_res = _angle_result(sums, metrics, criteria, floor) if angle else None
     db_res = db_error(rt, ct, db_scale) if db_scale is not None and not exact else None
-    del rt, ct
     if exact:
         mismatches = int(sums.violations)
         metrics = {**metrics, "mismatches": mismatches}
@@ -191,11 +198,23 @@ def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteri
         if output_rule is not None and not sums.nonfinite_mismatch:
             reasons += [f"{x}: the output criterion of a port that is not same-precision"
                         for x in judge(metrics, sums, output_rule)]
+        if reasons and (metrics.get("rel_l2_err") or 0.0) >= REORDER_MIN_ERROR and \
+                (layout := find_layout(rt, ct, _layout_limit(criteria, floor))) is not None:
+            base = {**base, "tags": base["tags"] + (layout.tag(),)}
+            reasons = [f"same values in another layout ({layout.words()}); as stored, {reasons[0]}", *reasons[1:]]
+            beyond = False
         return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
                           metrics=metrics, angle=angle_res, db=db_res, method=METHOD_ELEMENTWISE,
                           beyond_floor=beyond and len(reasons) == 1)
     return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_PASS, reasons=tuple(reasons),
                       metrics=metrics, angle=angle_res, db=db_res, method=METHOD_EXACT)
+
+
+def _layout_limit(criteria: Criteria, floor: float | None) -> float:
+    """How close values must be, once another layout is undone, to be called the same values."""
+    if criteria.noise:
+        return max(floor or 0.0, 1e-6)
+    return max(criteria.significant_rel_err(), 1e-6)
 
 
 def _check_read(bundle: Bundle, rec: Record, sums: Sums, finite: float) -> None:
