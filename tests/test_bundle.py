@@ -59,8 +59,8 @@ def test_killed_capture_recovered_from_journal(tmp_path):
     for i in range(3):
         t = torch.full((4,), float(i))
         w.add(_rec(f"r{i}", t, i), t)
-    w._shard_writer.finish()  # the shards reached the disk...
-    w._journal.flush()  # ...and the process "dies" here: no close(), manifest still says running
+    w.flush()  # the records are journaled...
+    w._shard_writer.finish()  # ...the shards reached the disk, and the process "dies" here: no close()
     b = Bundle.open(tmp_path / "k")
     assert not b.complete and "did not finish" in b.error["message"]
     assert [r.name for r in b] == ["r0", "r1", "r2"]
@@ -272,12 +272,16 @@ def test_safetensors_header_pads_to_alignment_and_loads(tmp_path):
 def test_staging_buffers_start_small_grow_and_stay_few(tmp_path):
     """A small capture must not fault in three full shards; a large one reaches full-size shards and
     never holds more than three buffers."""
+    from tensorprobe.bundle.writer import release_buffers
+
+    release_buffers()   # as in a fresh process: no buffer kept from an earlier capture
     small = tmp_path / "small"
     with BundleWriter(small, reuse_buffers=True) as w:
         t = torch.randn(100)
         w.add(_rec("x", t), t)
         assert w._staging._live == 1 and w._stage.capacity == 1 << 20
     tensors = [torch.full((1 << 18,), float(i)) for i in range(40)]  # 1 MiB each, 40 MiB in all
+    release_buffers()
     with BundleWriter(tmp_path / "big", shard_bytes=8 << 20, reuse_buffers=True) as w:
         for i, t in enumerate(tensors):
             w.add(_rec(f"t{i}", t, i), t)
@@ -334,3 +338,65 @@ def test_numpy_reads_every_dtype_a_capture_stores_as_torch_does(tmp_path, dtype)
     got = b.numpy("x")
     assert got.dtype == want.dtype and np.array_equal(got, want)
     assert b.tensor("x").dtype == dtype and torch.equal(b.tensor("x"), t)
+
+
+def test_short_capture_writes_its_manifest_once_and_synced(tmp_path, monkeypatch):
+    """A capture that ends within its first second writes no provisional manifest and no journal: its
+    records reach the disk once, in the final (fsynced, renamed) manifest."""
+    import tensorprobe.bundle.writer as bundle_mod
+
+    writes = []
+    real = bundle_mod.atomic_write_bytes
+    monkeypatch.setattr(bundle_mod, "atomic_write_bytes",
+                        lambda path, data, sync=True: (writes.append(sync), real(path, data, sync=sync)))
+    tensors = [torch.full((300,), float(i)) for i in range(300)]   # past a journal batch (256 records)
+    with BundleWriter(tmp_path / "b", shard_bytes=4096, reuse_buffers=True) as w:
+        for i, t in enumerate(tensors):
+            w.add(_rec(f"t{i}", t, i), t)
+    assert writes == [True]
+    b = Bundle.open(tmp_path / "b")
+    assert b.complete and len(b) == 300 and float(b.tensor("t299")[0]) == 299.0
+    assert not (tmp_path / "b" / JOURNAL).exists()
+
+
+def test_long_capture_journals_and_a_kill_keeps_header_and_records(tmp_path, monkeypatch):
+    """Past its first second a capture journals every batch and every shard, with a provisional manifest
+    (not fsynced) that keeps the header: a kill loses at most the records since the last batch."""
+    import tensorprobe.bundle.writer as bundle_mod
+
+    monkeypatch.setattr(bundle_mod, "_JOURNAL_AFTER_S", 0.0)   # as if the capture had run for a while
+    w = BundleWriter(tmp_path / "k", shard_bytes=1, model={"name": "killed-model"})
+    for i in range(3):
+        t = torch.full((4,), float(i))
+        w.add(_rec(f"r{i}", t, i), t)   # each tensor fills a shard: each is journaled with its records
+    w._shard_writer.finish()            # the shards reached the disk, and the process "dies" here
+    b = Bundle.open(tmp_path / "k")
+    assert not b.complete and b.manifest["model"] == {"name": "killed-model"}
+    assert [r.name for r in b] == ["r0", "r1", "r2"] and float(b.tensor("r2")[0]) == 2.0
+
+
+def test_prefaulted_buffers_serve_the_next_capture_and_stay_bounded(tmp_path):
+    """The staging buffer of one capture is the next capture's (no new memory to fault in), holds no
+    stale bytes in what is read back, and what is kept between captures never passes the bound."""
+    from tensorprobe.bundle.writer import PREFAULTED, _PrefaultedBuffers, release_buffers
+
+    release_buffers()
+    first = [torch.full((1000,), 1.0), torch.arange(10, dtype=torch.int64)]
+    with BundleWriter(tmp_path / "a", reuse_buffers=True) as w:
+        for i, t in enumerate(first):
+            w.add(_rec(f"x{i}", t, i), t)
+        ptr = w._stage.buffer.data_ptr()
+    assert PREFAULTED.kept_bytes() > 0
+    second = [torch.full((10,), 7.0)]
+    with BundleWriter(tmp_path / "b", reuse_buffers=True) as w:
+        w.add(_rec("y", second[0]), second[0])
+        assert w._stage.buffer.data_ptr() == ptr
+    b = Bundle.open(tmp_path / "b")
+    assert torch.equal(b.tensor("y"), second[0]) and len(b) == 1
+
+    cache = _PrefaultedBuffers(3 << 20)
+    for n in (1 << 20, 2 << 20, 1 << 20, 8 << 20):   # 8 MiB alone is past the bound: let go
+        cache.give(torch.zeros(n, dtype=torch.uint8))
+        assert cache.kept_bytes() <= 3 << 20
+    assert cache.take(1500 << 10).numel() == 2 << 20   # the smallest kept one that fits
+    assert cache.take(4 << 20).numel() == 4 << 20      # none fits: a new one

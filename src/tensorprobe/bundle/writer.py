@@ -10,6 +10,7 @@ import platform
 import queue
 import shutil
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from .format import (DEFAULT_SHARD_BYTES, FORMAT, FORMAT_VERSION, JOURNAL, MANIF
 from .reader import Bundle, _TensorSource
 
 _JOURNAL_BATCH = 256  # records journaled together (a crash loses at most the records since the last batch)
+_JOURNAL_AFTER_S = 1.0  # no journal in a capture's first second: a short capture writes its records once
 
 
 def tensor_sha256(t: torch.Tensor | np.ndarray) -> str:
@@ -102,8 +104,12 @@ class BundleWriter:
         self._staging = _StagingBuffers(shard_bytes, count=3) if reuse_buffers else None
         self._stage: _StagedShard | None = None  # the staging buffer being filled
         self._shard_writer = _ShardWriter(release=self._staging.give if self._staging else None)
-        self._write_manifest(STATUS_RUNNING, None)
+        # The journal marks the directory as a bundle being written; the provisional manifest (header and
+        # status "running") is written with the first journaled records, so a capture that closes before
+        # writes its manifest once.
         self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
+        self._opened = time.monotonic()
+        self._shards_journaled = 0       # shards whose records are in the journal
 
     def _prepare_dir(self) -> None:
         p = self.path
@@ -145,8 +151,8 @@ class BundleWriter:
             shard = self._stage_copy(record.name, tensor) if copy and self._staging is not None else None
             if shard is None:
                 if self._stage is not None:
-                    self.flush()  # a shard is either staged or a dict of tensors, never both
-                t = tensor.detach().to("cpu", copy=copy).contiguous()
+                    self._submit_shard()  # a shard is either staged or a dict of tensors, never both
+                t = _cpu_copy(tensor) if copy else tensor.detach().to("cpu").contiguous()
                 if not copy and t.untyped_storage().data_ptr() in self._pending_ptrs:
                     t = t.clone()  # one buffer under two names: safetensors stores each key's own bytes
                 self._pending_ptrs.add(t.untyped_storage().data_ptr())
@@ -158,10 +164,16 @@ class BundleWriter:
         self._lines.append(json.dumps(record.to_dict()))
         self._records.append(record)
         if self._pending_bytes >= self.shard_bytes:
-            self.flush()
-        elif len(self._lines) - self._journaled >= _JOURNAL_BATCH:
-            self._write_journal()
+            self._submit_shard()
+        self._journal_if_due()
         return record
+
+    def _journal_if_due(self) -> None:
+        """Journal the new records once a batch is waiting, from `_JOURNAL_AFTER_S` on: a capture that ends
+        sooner writes its records once, in the manifest (a kill before then leaves an empty journal)."""
+        if (len(self._lines) - self._journaled >= _JOURNAL_BATCH or self._shards_journaled < len(self._shards)) \
+                and time.monotonic() - self._opened >= _JOURNAL_AFTER_S:
+            self._write_journal()
 
     def _stage_copy(self, name: str, tensor: torch.Tensor) -> str | None:
         """Copy `tensor` into the staging buffer (flushing it first when full) and return the name of its
@@ -173,26 +185,33 @@ class BundleWriter:
         if code is None or not 0 < nbytes <= self._staging.nbytes or tensor.layout != torch.strided:
             return None
         if self._stage is not None and self._stage.used + nbytes > self._stage.capacity:
-            self.flush()
+            self._submit_shard()
         if self._stage is None:
             if self._pending:
-                self.flush()
+                self._submit_shard()
             self._stage = _StagedShard(*self._staging.take(at_least=nbytes))
         self._stage.add(name, code, tensor)
         shard = self._shard_name(len(self._shards))
         if self._stage.used >= self._stage.capacity:
-            self.flush()
+            self._submit_shard()
         return shard
 
     def _write_journal(self) -> None:
         new = self._lines[self._journaled:]
         if new:
+            if not self._journaled:  # a reader of a killed capture finds the header and the status here
+                self._write_manifest(STATUS_RUNNING, None, sync=False)
             self._journal.write("\n".join(new) + "\n")
             self._journaled = len(self._lines)
+        self._shards_journaled = len(self._shards)
         self._journal.flush()
 
     def flush(self) -> None:
         """Hand buffered tensors to the shard writer (one shard, written atomically) and sync the journal."""
+        self._submit_shard()
+        self._write_journal()
+
+    def _submit_shard(self) -> None:
         if self._pending or self._stage is not None:
             name = self._shard_name(len(self._shards))
             self._shard_writer.submit(self.path / name, self._stage if self._stage is not None else self._pending)
@@ -201,17 +220,18 @@ class BundleWriter:
             self._stage = None
             self._pending_ptrs = set()
             self._pending_bytes = 0
-        self._write_journal()
 
     def close(self, error: BaseException | None = None) -> None:
         """Finish the bundle; with `error`, mark it incomplete and record the exception."""
         if self._closed:
             return
-        self.flush()
+        self._submit_shard()  # the records go to the manifest: journaling them now would be a second write
         self._journal.close()
         self._closed = True
         write_error = self._shard_writer.finish()
-        self._staging = None  # the buffers go back to the OS
+        if self._staging is not None:
+            self._staging.release()  # every shard is on disk: the buffers serve the next capture
+        self._staging = None
         self._write_failed = write_error is not None
         if write_error is not None and error is None:
             error = write_error
@@ -236,12 +256,12 @@ class BundleWriter:
         """Update manifest fields (e.g. `model`) before `close`."""
         self._header.update(fields)
 
-    def _write_manifest(self, status: str, error: dict | None) -> None:
+    def _write_manifest(self, status: str, error: dict | None, *, sync: bool = True) -> None:
         head = json.dumps({**self._header, "status": status, "error": error, "shards": list(self._shards)})
         self._manifest = json.loads(head)  # what a reader of the file gets, less the records
         # One record per line keeps the file readable, and reuses the JSON made for the journal.
         body = ",\n".join(self._lines)
-        atomic_write_bytes(self.path / MANIFEST, f'{head[:-1]}, "records": [\n{body}\n]}}\n'.encode())
+        atomic_write_bytes(self.path / MANIFEST, f'{head[:-1]}, "records": [\n{body}\n]}}\n'.encode(), sync=sync)
 
     @staticmethod
     def _shard_name(i: int) -> str:
@@ -252,6 +272,17 @@ class BundleWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(error=exc)
+
+
+def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy of `tensor`; on the CPU by NumPy's memcpy (see `_StagedShard.add` for why)."""
+    src = tensor.detach()
+    if (src.device.type != "cpu" or src.layout != torch.strided or src.dtype not in _SAFETENSORS_DTYPES
+            or src.numel() == 0):
+        return src.to("cpu", copy=True).contiguous()
+    src = src.contiguous()
+    flat = src.as_strided((src.numel(),), (1,)).view(torch.uint8)
+    return torch.from_numpy(flat.numpy().copy()).view(src.dtype).reshape(src.shape)
 
 
 class _ShardWriter:
@@ -331,8 +362,13 @@ class _StagedShard:
             src = src.contiguous()
         start = _HEADER_ROOM + self.used
         # as_strided, not reshape: a contiguous (1,) tensor may carry any stride, which view(uint8) refuses
-        flat = src.as_strided((src.numel(),), (1,))
-        self.buffer[start:start + nbytes].copy_(flat.view(torch.uint8))
+        flat = src.as_strided((src.numel(),), (1,)).view(torch.uint8)
+        if flat.device.type == "cpu":
+            # NumPy's single-threaded memcpy: torch's copy_ splits a copy over its thread pool, and on a
+            # loaded 2-core VM the pool's hand-offs made 34 MB of copies take 4 s instead of 20 ms
+            self.buffer.numpy()[start:start + nbytes] = flat.numpy()
+        else:
+            self.buffer[start:start + nbytes].copy_(flat)
         self.entries.append((name, code, tuple(tensor.shape), self.used, self.used + nbytes))
         self.used += nbytes
 
@@ -390,6 +426,7 @@ class _StagingBuffers:
         self._live = 0
         self._next = min(nbytes, _FIRST_STAGE)
         self._free: queue.SimpleQueue = queue.SimpleQueue()
+        self._taken: list[torch.Tensor] = []   # every buffer handed out, given back to PREFAULTED at the end
 
     def take(self, at_least: int = 0) -> tuple[torch.Tensor, int]:
         """(buffer, capacity) with room for `at_least` bytes of data; when all buffers are in use, wait
@@ -398,15 +435,25 @@ class _StagingBuffers:
         while True:
             if self._free.empty() and self._live < self._count:
                 self._live += 1
-                capacity, self._next = self._next, min(self.nbytes, 4 * self._next)
-                return populated_bytes(_HEADER_ROOM + capacity + _PAGE), capacity
+                buffer = PREFAULTED.take(_HEADER_ROOM + self._next + _PAGE, at_most=_HEADER_ROOM + self.nbytes + _PAGE)
+                capacity = min(self.nbytes, buffer.numel() - _HEADER_ROOM - _PAGE)
+                self._next = min(self.nbytes, 4 * max(self._next, capacity))
+                self._taken.append(buffer)
+                return buffer, capacity
             buffer, capacity = self._free.get()
             if capacity >= self._next:
                 return buffer, capacity
             self._live -= 1  # outgrown: let it go and make a bigger one
+            self._taken = [b for b in self._taken if b is not buffer]
 
     def give(self, buffer: torch.Tensor, capacity: int) -> None:
         self._free.put((buffer, capacity))
+
+    def release(self) -> None:
+        """Once no shard is pending: hand the buffers to the next capture (within PREFAULTED's bound)."""
+        for buffer in self._taken:
+            PREFAULTED.give(buffer)
+        self._taken = []
 
 
 def populated_bytes(nbytes: int) -> torch.Tensor:
@@ -424,3 +471,55 @@ def populated_bytes(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(mem, dtype=torch.uint8)  # the tensor keeps the mapping alive
 
 
+
+
+class _PrefaultedBuffers:
+    """Pre-faulted byte buffers kept between the captures of one process, up to `max_bytes` in all.
+
+    Faulting in fresh memory is a fixed cost of every capture (34 MB of basic-pitch's values took 30 ms of
+    `populated_bytes` in a 16 ms model run); a buffer given back here is handed to the next capture as it
+    is. What is kept is bounded by `max_bytes` whatever the number of captures or records; a buffer that
+    would go past it is let go (`release_buffers()` lets go of all of them)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, at_most: int | None = None) -> torch.Tensor:
+        """A uint8 buffer of at least `nbytes`, mapped in: the smallest kept one that fits (and holds at most
+        `at_most` bytes, for a caller bound to a memory budget), else a new one of `nbytes`."""
+        limit = at_most if at_most is not None else self.max_bytes
+        with self._lock:
+            fits = [i for i, b in enumerate(self._free) if nbytes <= b.numel() <= limit]
+            if fits:   # (by index: `list.remove` would compare tensors by value)
+                return self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
+        return populated_bytes(nbytes)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        """Keep `buffer` for a later capture if it fits the bound (the smallest kept ones make room)."""
+        if buffer.numel() > self.max_bytes:
+            return
+        with self._lock:
+            self._free.append(buffer)
+            self._free.sort(key=torch.Tensor.numel, reverse=True)
+            while sum(b.numel() for b in self._free) > self.max_bytes:
+                self._free.pop()
+
+    def kept_bytes(self) -> int:
+        with self._lock:
+            return sum(b.numel() for b in self._free)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+# Kept between captures: the staging buffers of `BundleWriter(reuse_buffers=True)` and ONNX Runtime's output
+# buffer. 256 MiB holds a small model's values and staging (basic-pitch: 34 MB) several times over.
+PREFAULTED = _PrefaultedBuffers(256 << 20)
+
+
+def release_buffers() -> None:
+    """Let go of the pre-faulted buffers kept for later captures (their memory goes back to the OS)."""
+    PREFAULTED.clear()
