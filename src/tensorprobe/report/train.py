@@ -1,5 +1,6 @@
 """The training-run report: findings in the terminal, and a self-contained HTML page (loss terms, per-layer
-gradient norms and update ratios as heatmaps over steps, watched outputs' spread, finding steps marked)."""
+gradient norms and update ratios as heatmaps over steps, watched outputs' spread, each incident marked: a line
+at its first finding, its span shaded, its number)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,20 @@ def render_train(console: Console, s: RunSummary) -> None:
     if not s.findings:
         return
     table = Table(show_edge=False)
-    for col in ("step", "kind", "layer", "what"):
+    for col in ("#", "step", "kind", "layer", "what"):
         table.add_column(col, overflow="fold")
-    for f in s.findings[:40]:
+    for inc in s.incidents[:40]:
+        f = inc.first
         what = f["message"] + (f"\norigin: {f['origin_headline']}" if f.get("origin_headline") else "")
-        table.add_row(str(f["step"]), f"[{_STYLE.get(f['severity'], '')}]{escape(f['kind'])}[/]",
+        if f.get("cause"):
+            what += f"\nlikely cause: {f['cause']}\nfix: {f['fix']}"
+        if inc.following:
+            what += f"\n{inc.follows()}"
+        table.add_row(str(inc.number), str(f["step"]), f"[{_STYLE.get(f['severity'], '')}]{escape(f['kind'])}[/]",
                       escape(str(f.get("layer", ""))), escape(what))
     console.print(table)
-    if len(s.findings) > 40:
-        console.print(f"... and {len(s.findings) - 40} more (--json lists them all)")
+    if len(s.incidents) > 40:
+        console.print(f"... and {len(s.incidents) - 40} more incidents (--json lists them all)")
 
 
 def write_train_html(path: str | os.PathLike, s: RunSummary) -> Path:
@@ -48,7 +54,7 @@ def write_train_html(path: str | os.PathLike, s: RunSummary) -> Path:
 
 def _plots(s: RunSummary) -> list[tuple[str, str]]:
     out = []
-    marks = sorted({f["step"] for f in s.findings})
+    marks = [(i.number, i.start, i.end) for i in s.incidents]
     if s.losses:
         out.append(("Loss terms", _curves(s, s.losses, "loss", marks, log=True)))
     if s.grad_norm:
@@ -105,6 +111,11 @@ def _heatmap(s: RunSummary, series: dict[str, list[float]], marks: list[int], la
     return figure_to_data_uri(fig)
 
 
-def _mark(ax: Any, marks: list[int]) -> None:
-    for m in marks[:50]:
-        ax.axvline(m, color="#d62728", linewidth=0.8, alpha=0.6)
+def _mark(ax: Any, marks: list[tuple[int, int, int]]) -> None:
+    """Each incident: a red line at its first finding, its span shaded, its number on top."""
+    for number, start, end in marks[:50]:
+        ax.axvline(start, color="#d62728", linewidth=0.9, alpha=0.7)
+        if end > start:
+            ax.axvspan(start, end, color="#d62728", alpha=0.12, linewidth=0)
+        ax.annotate(f"#{number}", xy=(start, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -10),
+                    textcoords="offset points", color="#d62728", fontsize=8, fontweight="bold")

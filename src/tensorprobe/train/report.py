@@ -1,11 +1,18 @@
-"""What a run directory says: its findings, and per-layer series decimated to a bounded number of points
-(for a report of a million-step run without reading it all into memory)."""
+"""What a run directory says: its findings grouped into incidents, and per-layer series decimated to a bounded
+number of points (for a report of a million-step run without reading it all into memory).
+
+An incident is a finding and what follows from it: an lr blow-up at step 150 is one exploding update, then
+exploding and vanishing gradients on every layer and their re-reports at steps 158, 165 and 190. The first
+finding of a run comes first; a finding joins the latest open incident when it comes within the monitor's
+window of that incident's last finding and the incident's first finding disrupts the whole model (an
+exploding update or gradient, a non-finite gradient, skipped steps), or when it re-reports the incident's
+own kind on its own layer. Each finding carries its likely cause and the fix to try (`ADVICE`)."""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +20,149 @@ from .detect import module_of
 from .run import STEPS, as_float, count_lines, read_findings, read_meta, read_rows
 
 MAX_POINTS = 400     # columns of the heatmaps and points of the curves
+DEFAULT_GAP = 50     # steps between two findings of one incident (the monitor's window, when the run names none)
+
+# kinds after which anything may follow: the whole model's weights or gradients are disturbed
+DISRUPTIVE = frozenset({"exploding_update", "exploding_gradient", "nonfinite_gradient", "skipped_steps"})
+# kinds that never follow from another finding: there from the first step, or the scaler's normal life
+NEVER_FOLLOWS = frozenset({"dead_gradient", "scaler_calibration", "scaler_backoff"})
+
+# kind -> (likely cause, fix to try)
+ADVICE: dict[str, tuple[str, str]] = {
+    "exploding_update": (
+        "a learning rate too high for this layer: a mistyped parameter-group lr, a warmup that ends too high, "
+        "a schedule that jumps",
+        "lower that group's lr (compare it with the other groups'), add warmup, clip gradients "
+        "(torch.nn.utils.clip_grad_norm_)"),
+    "exploding_gradient": (
+        "the gradient of this layer is far above its own history or the other layers': too high a learning "
+        "rate, an outlier batch, an unnormalised target or loss term",
+        "clip gradients (torch.nn.utils.clip_grad_norm_, after scaler.unscale_ with a GradScaler), lower the "
+        "lr, check the batch and the target normalisation"),
+    "nonfinite_gradient": (
+        "an op whose backward overflows or divides by zero (sqrt, log or division at 0, exp of a large value), "
+        "or weights already blown up by an earlier update",
+        "name the op with Monitor(diagnose=...) or `tensorprobe nan --backward`; add an epsilon or a clamp "
+        "there, clip gradients; in fp16 use a GradScaler"),
+    "vanishing_gradient": (
+        "saturated activations or dead ReLUs (often after weights blew up), or a learning rate decayed to ~0",
+        "fix what came before it first; else lower the lr, check the normalisation and the init"),
+    "skipped_steps": (
+        "optimizer steps skipped because gradients keep overflowing: more than a GradScaler's normal back-offs",
+        "lower the lr, clip gradients after scaler.unscale_, run the overflowing op in fp32 or bf16"),
+    "loss_plateau": (
+        "the loss stopped moving: an lr at or near 0, a frozen model, a data loader that repeats one batch",
+        "check the lr schedule, which parameters the optimizer holds, the data pipeline"),
+    "loss_not_decreasing": (
+        "the loss's trend stopped improving far from its best: too high or too low an lr, inputs not matched "
+        "with their targets (shuffled labels), a schedule that decayed too early",
+        "check the input-target pairing and the lr schedule; try a lower lr from the last good checkpoint"),
+    "output_collapse": (
+        "the model outputs a near-constant: targets normalised so that their mean is the cheapest answer, a "
+        "loss that rewards the mean, a dead decoder layer",
+        "check the target normalisation (per-channel mean and std) and the loss; look at the decoder's "
+        "activations"),
+    "loss_at_mean": (
+        "the loss sits at the cost of predicting the targets' mean: the model has learnt nothing input-specific",
+        "check that inputs reach the output (a detached branch, masked inputs) and the target normalisation"),
+    "frozen_weights": (
+        "optimizer steps leave these weights unchanged although their gradient is not zero: a parameter "
+        "missing from the optimizer's groups, a group lr of 0",
+        "add the parameter to the optimizer, or set its group's lr"),
+    "dead_gradient": (
+        "this layer's gradient is exactly zero: dead ReLUs, a detached branch (.detach(), no_grad, .data), an "
+        "output the loss does not use",
+        "trace the graph from the loss to this layer; a leaky activation or another init for dead ReLUs"),
+    "scaler_calibration": ("a GradScaler finding its scale: the first skipped steps are normal", "nothing"),
+    "scaler_backoff": ("a GradScaler backing off after an occasional overflow: normal", "nothing"),
+}
+
+
+def advise(f: dict[str, Any]) -> dict[str, Any]:
+    """The finding with its likely `cause` and `fix` (kept where the monitor already wrote them)."""
+    cause, fix = ADVICE.get(f.get("kind", ""), ("", ""))
+    return {**f, "cause": f.get("cause") or cause, "fix": f.get("fix") or fix}
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A finding and the findings that follow from it."""
+
+    number: int
+    first: dict[str, Any]
+    following: tuple[dict[str, Any], ...]
+
+    @property
+    def start(self) -> int:
+        return int(self.first["step"])
+
+    @property
+    def end(self) -> int:
+        return max([self.start] + [int(f["step"]) for f in self.following])
+
+    @property
+    def severity(self) -> str:
+        order = {"error": 0, "warning": 1, "info": 2}
+        return min((f.get("severity", "info") for f in (self.first, *self.following)),
+                   key=lambda v: order.get(v, 3))
+
+    @property
+    def layers(self) -> list[str]:
+        return sorted({str(f.get("layer", "")) for f in (self.first, *self.following)} - {""})
+
+    def follows(self) -> str:
+        """'then 16 findings up to step 190: exploding_gradient on 6 layers, vanishing_gradient on 6 layers'"""
+        if not self.following:
+            return ""
+        kinds: dict[str, set[str]] = {}
+        for f in self.following:
+            kinds.setdefault(f["kind"], set()).add(str(f.get("layer", "")))
+        parts = [f"{k} on {len(v)} layer{'' if len(v) == 1 else 's'}" for k, v in kinds.items()]
+        n = len(self.following)
+        return f"then {n} finding{'' if n == 1 else 's'} up to step {self.end} follow from it: {', '.join(parts)}"
+
+    def words(self) -> str:
+        f = self.first
+        text = f"step {f['step']}, {f.get('layer', '')}: {f['message']}"
+        if f.get("cause"):
+            text += f". Likely cause: {f['cause']}. Fix: {f['fix']}"
+        follows = self.follows()
+        return f"{text}. {follows[0].upper()}{follows[1:]}." if follows else f"{text}."
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "steps": [self.start, self.end], "severity": self.severity,
+                "kind": self.first["kind"], "layer": self.first.get("layer"), "layers": self.layers,
+                "finding": self.first, "cause": self.first.get("cause"), "fix": self.first.get("fix"),
+                "following": [{k: f.get(k) for k in ("step", "kind", "layer", "severity", "message")}
+                              for f in self.following],
+                "words": self.words()}
+
+
+def group_incidents(findings: list[dict[str, Any]], gap: int = DEFAULT_GAP) -> list[Incident]:
+    """Findings (in step order) grouped into incidents: see the module's docstring for the rule."""
+    groups: list[list[dict[str, Any]]] = []
+    for f in sorted(findings, key=lambda f: int(f.get("step", 0))):    # stable: same-step order kept
+        home = None if f.get("kind") in NEVER_FOLLOWS else _home(groups, f, gap)
+        if home is None:
+            groups.append([f])
+        else:
+            home.append(f)
+    return [Incident(i + 1, g[0], tuple(g[1:])) for i, g in enumerate(groups)]
+
+
+def _home(groups: list[list[dict[str, Any]]], f: dict[str, Any], gap: int) -> list[dict[str, Any]] | None:
+    step = int(f.get("step", 0))
+    for g in reversed(groups):
+        if step - max(int(x.get("step", 0)) for x in g) > gap:
+            continue
+        root = g[0]
+        if root.get("kind") in NEVER_FOLLOWS:
+            continue
+        if root.get("kind") in DISRUPTIVE:
+            return g
+        if f.get("kind") == root.get("kind") and f.get("layer") == root.get("layer"):
+            return g
+    return None
 
 
 @dataclass
@@ -28,6 +178,7 @@ class RunSummary:
     grad_norm: dict[str, list[float]] = field(default_factory=dict)      # per layer (module): the largest norm
     update_ratio: dict[str, list[float]] = field(default_factory=dict)
     outputs: dict[str, list[float]] = field(default_factory=dict)        # watched modules' std
+    incidents: list[Incident] = field(default_factory=list)
 
     @property
     def errors(self) -> list[dict[str, Any]]:
@@ -40,15 +191,15 @@ class RunSummary:
     def headline(self) -> str:
         if not self.findings:
             return f"{self.steps} steps of {self.model}: no finding."
-        first = self.findings[0]
-        kinds = sorted({f["kind"] for f in self.findings})
-        n = len(self.findings)
-        return (f"{self.steps} steps of {self.model}: {n} finding{'' if n == 1 else 's'} ({', '.join(kinds)}); first at "
-                f"step {first['step']}: {first['message']}")
+        n, k = len(self.findings), len(self.incidents)
+        first = self.incidents[0] if self.incidents else Incident(1, self.findings[0], ())
+        return (f"{self.steps} steps of {self.model}: {k} incident{'' if k == 1 else 's'} "
+                f"({n} finding{'' if n == 1 else 's'}); first at {first.words()}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"run": self.run, "model": self.model, "steps": self.steps, "headline": self.headline(),
-                "finding": self.finding, "findings": self.findings}
+                "finding": self.finding, "incidents": [i.to_dict() for i in self.incidents],
+                "findings": self.findings}
 
 
 def summarize(run: str | os.PathLike) -> RunSummary:
@@ -60,7 +211,9 @@ def summarize(run: str | os.PathLike) -> RunSummary:
     meta = read_meta(run)
     total = count_lines(Path(run) / STEPS)     # the stride only: no need to parse every row twice
     stride = max(1, math.ceil(total / MAX_POINTS))
-    s = RunSummary(str(run), meta.get("model", "model"), 0, read_findings(run))
+    findings = [advise(f) for f in read_findings(run)]
+    s = RunSummary(str(run), meta.get("model", "model"), 0, findings,
+                   incidents=group_incidents(findings, int(meta.get("window") or DEFAULT_GAP)))
     for i, row in enumerate(read_rows(run)):
         s.steps = max(s.steps, int(row.get("step", -1)) + 1)
         if i % stride:
