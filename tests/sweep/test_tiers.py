@@ -15,60 +15,38 @@ import time
 import pytest
 
 from tensorprobe.sweep import ResultStore, sweep
+from tests.sweep.test_sweep import SWEEP_FILE
 
-SWEEP_FILE = textwrap.dedent('''
-    import os
+EXTRA = textwrap.dedent('''
     import time
-    import torch
-    from tensorprobe.sweep import Sweep
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.a = torch.nn.Conv1d(4, 8, 3, padding=1)
-            self.b = torch.nn.Conv1d(8, 1, 3, padding=1)
-
-        def forward(self, x):
-            return self.b(torch.tanh(self.a(x)))
-
-    class Port(Net):
-        """Off by a scaled hidden layer on loud items only."""
-
-        def forward(self, x):
-            y = torch.tanh(self.a(x))
-            return self.b(y * 1.01 if float(x.abs().max()) > 4.0 else y)
 
     class Slow(Net):
         def forward(self, x):
             time.sleep(float(os.environ.get("SWEEP_ITEM_SLEEP", "0")))
             return super().forward(x)
 
-    def items(n=8):
-        g = torch.Generator().manual_seed(1)
-        return {f"item{i:02d}": (torch.randn(1, 4, 200, generator=g) * (0.5 + i / 4),) for i in range(n)}
+    def quiet_items():
+        return {n: v for n, v in items().items() if n != "killer"}
 
-    def port():
-        return Sweep(Net().eval(), items(), candidate=Port().eval())
-
-    def onnx():
-        return Sweep(Net().eval(), items())
+    def port_only():
+        return Sweep(Net().eval(), quiet_items(), candidate=Port().eval())
 
     def slow():
-        return Sweep(Slow().eval(), items(16), candidate=Slow().eval())
+        return Sweep(Slow().eval(), quiet_items(), candidate=Slow().eval())
 ''')
+N_ITEMS = 12
 
 
 @pytest.fixture()
 def sweep_file(tmp_path):
     path = tmp_path / "tier_sweep.py"
-    path.write_text(SWEEP_FILE)
+    path.write_text(SWEEP_FILE + EXTRA)
     return str(path)
 
 
 def test_passing_items_run_plainly_and_keep_nothing_failing_ones_are_captured(sweep_file, tmp_path):
     out = tmp_path / "port"
-    summary = sweep(f"{sweep_file}:port", out, workers=1)
+    summary = sweep(f"{sweep_file}:port_only", out, workers=1)
     latest = ResultStore(out).read()
     loud = {n for n, r in latest.items() if r.get("finding")}
     assert loud and loud != set(latest)
@@ -84,8 +62,8 @@ def test_passing_items_run_plainly_and_keep_nothing_failing_ones_are_captured(sw
 
 
 def test_capture_all_gives_the_same_findings_as_the_tiers(sweep_file, tmp_path):
-    tiered = sweep(f"{sweep_file}:port", tmp_path / "tiered", workers=1)
-    every = sweep(f"{sweep_file}:port", tmp_path / "every", workers=1, capture_all=True)
+    tiered = sweep(f"{sweep_file}:port_only", tmp_path / "tiered", workers=1)
+    every = sweep(f"{sweep_file}:port_only", tmp_path / "every", workers=1, capture_all=True)
     latest = ResultStore(tmp_path / "every").read()
     assert all(r["tier"] == 2 for r in latest.values())
     assert every.findings == tiered.findings and every.why == tiered.why
@@ -93,13 +71,13 @@ def test_capture_all_gives_the_same_findings_as_the_tiers(sweep_file, tmp_path):
 
 def test_onnx_export_made_once_and_reused_by_a_rerun_with_a_sample_of_passing_items(sweep_file, tmp_path):
     out = tmp_path / "onnx"
-    sweep(f"{sweep_file}:onnx", out, workers=1, limit=3)
+    sweep(f"{sweep_file}:plain", out, workers=1, limit=3)
     prepared = [p for p in (out / "prepared").iterdir() if p.is_dir()]
     assert len(prepared) == 1 and (prepared[0] / "model.onnx").is_file()
     stamp = (prepared[0] / "model.onnx").stat()
     first = ResultStore(out).read()
     assert sum(1 for r in first.values() if r.get("exported")) == 1     # one export, by the first item
-    summary = sweep(f"{sweep_file}:onnx", out, workers=2, sample_passing=2)   # a rerun: the 5 items left
+    summary = sweep(f"{sweep_file}:plain", out, workers=2, sample_passing=2)   # a rerun: the 9 items left
     latest = ResultStore(out).read()
     again = stamp.st_ino, stamp.st_mtime_ns
     now = (prepared[0] / "model.onnx").stat()
@@ -108,7 +86,7 @@ def test_onnx_export_made_once_and_reused_by_a_rerun_with_a_sample_of_passing_it
     assert [p for p in (out / "prepared").iterdir() if p.is_dir()] == prepared
     sampled = {n for n, r in latest.items() if r.get("tier1") == "sampled"}
     assert len(sampled) == 2 and all(latest[n]["tier"] == 2 for n in sampled)
-    assert summary.done == 8 and summary.findings == 0                 # a faithful export: nothing found
+    assert summary.done == N_ITEMS and summary.findings == 0           # a faithful export: nothing found
     assert all(r["tier"] == 1 for n, r in latest.items() if n not in sampled)
 
 
@@ -128,11 +106,11 @@ def test_a_killed_sweep_resumes_with_only_its_unfinished_items(sweep_file, tmp_p
     os.killpg(proc.pid, signal.SIGKILL)          # the driver and its worker, as a kill -9 of the job would
     proc.wait()
     before = [json.loads(line)["item"] for line in items.read_text().splitlines() if line.strip()]
-    assert 3 <= len(before) < 16
+    assert 3 <= len(before) < N_ITEMS
     done = subprocess.run(cmd, env={**env, "SWEEP_ITEM_SLEEP": "0"}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in items.read_text().splitlines() if line.strip().startswith("{")]
     names = [r["item"] for r in lines]
-    assert sorted(set(names)) == [f"item{i:02d}" for i in range(16)]
-    assert len(names) == 16 and names[:len(before)] == before      # nothing done before ran again
-    assert json.loads(done.stdout)["sweep"]["done"] == 16
+    assert sorted(set(names)) == [f"item{i:02d}" for i in range(N_ITEMS)]
+    assert len(names) == N_ITEMS and names[:len(before)] == before      # nothing done before ran again
+    assert json.loads(done.stdout)["sweep"]["done"] == N_ITEMS

@@ -3,7 +3,8 @@
 Tier 1 runs the reference and the candidate as a user would (no capture, no files) and judges their
 outputs: same shapes, every sample finite on both sides, relative error within float32 rounding through a
 deep path (`CEILING_UNITS` x 2^-24, what `diff` lets any same-precision record differ by without a
-measurement), and, with a sample rate, `audio check` of both and `audio diff`. An item that passes is done:
+measurement), and, with a sample rate, `audio check` of both (`audio diff` of outputs that close could only say
+"same": tier 2 runs it on the items that differ more). An item that passes is done:
 its line says tier 1. Any other item (or one in the `sample` of passing items the driver asks for, to show
 the distribution) gets tier 2, `SweepWorker.run`: both captures, `diff`, `nan`, the bundles kept
 statistics-only when there is a finding. Tier 1 never decides a finding; it only lets a clean item skip
