@@ -8,6 +8,7 @@ they are run again, alone, and an item that kills its worker `MAX_ATTEMPTS` time
 from __future__ import annotations
 
 import os
+from itertools import islice
 from typing import Any, Callable, Iterator
 
 from ..errors import InputError, RuntimeUnavailable
@@ -215,14 +216,25 @@ def _dask(names, setup, workers, address, scratch) -> Iterator[dict[str, Any]]:
                                    dashboard_address=None, silence_logs=50)
             client = Client(cluster)
         try:
-            futures = {client.submit(_dask_run, setup, scratch, n, pure=False, key=f"item-{i}"): n
-                       for i, n in enumerate(names)}
-            for fut in as_completed(futures):
-                n = futures[fut]
+            # a window of futures, not every item at once: the scheduler's memory stays bounded for any corpus
+            pending = iter(enumerate(names))
+            futures: dict[Any, str] = {}
+
+            def submit(i: int, n: str) -> Any:
+                fut = client.submit(_dask_run, setup, scratch, n, pure=False, key=f"item-{i}")
+                futures[fut] = n
+                return fut
+
+            flow = as_completed([submit(i, n) for i, n in islice(pending, 4 * max(1, workers))])
+            for fut in flow:
+                n = futures.pop(fut)
                 try:
                     yield fut.result()
                 except KilledWorker:
                     yield _died(n, MAX_ATTEMPTS, "Dask worker")
+                fut.release()
+                for i, nxt in islice(pending, 1):
+                    flow.add(submit(i, nxt))
             _quietly(lambda: client.run(_dask_close, setup))
         finally:
             client.close()
