@@ -400,3 +400,24 @@ def test_prefaulted_buffers_serve_the_next_capture_and_stay_bounded(tmp_path):
         assert cache.kept_bytes() <= 3 << 20
     assert cache.take(1500 << 10).numel() == 2 << 20   # the smallest kept one that fits
     assert cache.take(4 << 20).numel() == 4 << 20      # none fits: a new one
+
+
+def test_prefaulted_buffers_bound_holds_for_any_sequence():
+    """Whatever captures give and take, what is kept never passes the bound and a taken buffer fits."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from tensorprobe.bundle.writer import _PrefaultedBuffers
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(st.booleans(), st.integers(1, 64 << 10)), max_size=30))
+    def run(steps):
+        cache = _PrefaultedBuffers(128 << 10)
+        for give, n in steps:
+            if give:
+                cache.give(torch.empty(n, dtype=torch.uint8))
+            else:
+                assert cache.take(n).numel() >= n
+            assert cache.kept_bytes() <= 128 << 10
+
+    run()

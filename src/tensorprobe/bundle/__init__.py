@@ -35,7 +35,8 @@ from .format import (DEFAULT_SHARD_BYTES, FORMAT, FORMAT_VERSION, JOURNAL, MANIF
 from .reader import Bundle
 
 # The writer needs torch: imported when first asked for, so that reading a bundle never imports torch.
-_WRITER_NAMES = ("BundleWriter", "describe_inputs", "populated_bytes", "producer_info", "tensor_sha256")
+_WRITER_NAMES = ("BundleWriter", "describe_inputs", "populated_bytes", "producer_info", "release_buffers",
+                 "tensor_sha256")
 
 
 def __getattr__(name: str) -> Any:
@@ -48,4 +49,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["Bundle", "BundleWriter", "DEFAULT_SHARD_BYTES", "FORMAT", "FORMAT_VERSION", "JOURNAL", "MANIFEST",
            "STATUS_COMPLETE", "STATUS_INCOMPLETE", "STATUS_RUNNING", "atomic_write_bytes", "describe_inputs",
-           "populated_bytes", "producer_info", "read_safetensors_header", "safetensors_header", "tensor_sha256"]
+           "populated_bytes", "producer_info", "read_safetensors_header", "release_buffers", "safetensors_header",
+           "tensor_sha256"]

@@ -71,7 +71,8 @@ class BundleWriter:
         reuse_buffers: copy tensors into at most three staging buffers that are reused (1 MiB at first,
             growing to `shard_bytes`), instead of a fresh allocation per tensor. For captures that keep many
             tensors: on virtual machines a first touch of fresh memory costs more than the copy itself
-            (4 KiB page faults at 0.3-2 GB/s, measured here).
+            (4 KiB page faults at 0.3-2 GB/s, measured here). The buffers are kept for the process's next
+            capture (`PREFAULTED`, at most 256 MiB in all; `release_buffers()` lets them go).
 
     Example:
         >>> with BundleWriter("out") as w:                                  # doctest: +SKIP

@@ -134,10 +134,9 @@ class _OrtRun:
         artifact = self.artifact
         feeds = graph_feeds(artifact.model, inputs)
         model = self._exposable(artifact.model, feeds)
-        sizes, shapes, types = estimate_bytes(model, feeds)
+        sizes, shapes, types, all_plans = self._planned(model, feeds, isinstance(inputs, dict))
         self._note_text_values(model, feeds, types)
-        records = {name: f"input.{name if isinstance(inputs, dict) else i}" for i, name in enumerate(feeds)}
-        plans = [p for p in GraphNamer(model, artifact.rules, records, shapes, types).plan() if self.selection.wants(*p.names, p.value)]
+        plans = [p for p in all_plans if self.selection.wants(*p.names, p.value)]
         budget = artifact.max_bytes or default_budget()
         total = sum(sizes.get(p.value, 0) for p in plans)
         self.last_run.clear()
@@ -153,6 +152,23 @@ class _OrtRun:
             self._note(f"{missing} of {len(plans)} values could not be exposed ({reason}); the model outputs "
                        f"come from the graph as given")
             yield from self._outputs_only(artifact.model, feeds, plans, emitted)
+
+    def _planned(self, model: Any, feeds: dict[str, np.ndarray], by_name: bool
+                 ) -> tuple[dict[str, int], dict[str, tuple[int, ...]], dict[str, int], list[ValuePlan]]:
+        """Sizes, shapes and types of every value (shape inference) and the record plan of the graph;
+        remembered for the next capture of the same file with inputs of the same shapes (a sweep's items,
+        a rerun): on a small model these passes cost as much as the run itself."""
+        key = _plan_key(self.artifact, feeds, by_name)
+        got = _PLANS.get(key) if key is not None else None
+        if got is None:
+            sizes, shapes, types = estimate_bytes(model, feeds)
+            records = {name: f"input.{name if by_name else i}" for i, name in enumerate(feeds)}
+            got = (sizes, shapes, types, GraphNamer(model, self.artifact.rules, records, shapes, types).plan())
+            if key is not None:
+                _PLANS[key] = got
+                while len(_PLANS) > _PLANS_KEPT:
+                    _PLANS.pop(next(iter(_PLANS)))
+        return got
 
     def _note_text_values(self, model: Any, feeds: dict[str, np.ndarray], types: dict[str, int]) -> None:
         """Text inputs and values run, but a record holds numbers: say which are left out of the bundle."""
@@ -228,9 +244,17 @@ class _OrtRun:
         pool = _OutputPool(min(budget, POOL_BYTES))
         segments = split_segments(model, plans, sizes, pool.nbytes)
         self.last_run["session_runs"] = len(segments)
+        weights = SharedInitializers(model)
+        try:
+            yield from self._run_segments(model, feeds, plans, shapes, types, segments, pool, weights)
+        finally:   # every record has copied what it keeps from the buffer: the next capture reuses it
+            pool.release()
+
+    def _run_segments(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
+                      shapes: dict[str, tuple[int, ...]], types: dict[str, int], segments: list[tuple[int, int]],
+                      pool: _OutputPool, weights: SharedInitializers) -> Iterator[RuntimeTensor]:
         live: dict[str, np.ndarray] = dict(feeds)
         needed_later = _last_use(model, segments)
-        weights = SharedInitializers(model)
         for k, (lo, hi) in enumerate(segments):
             seg_plans = [p for p in plans if lo <= p.node_index < hi]
             sub, seg_in, seg_out = segment_model(model, lo, hi, live, {p.value for p in seg_plans}, needed_later, k,
@@ -245,6 +269,25 @@ class _OrtRun:
             live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
             self.last_run["pool_bytes"] = pool.allocated
             yield from _emit(seg_plans, outs, drop=True)
+
+
+_PLANS: dict[tuple, tuple] = {}   # `_OrtRun._planned`'s results, oldest first
+_PLANS_KEPT = 8
+
+
+def _plan_key(artifact: OnnxArtifact, feeds: dict[str, np.ndarray], by_name: bool) -> tuple | None:
+    """What a plan depends on, for a graph that is the same whenever its file is: a file on disk, no
+    mapping rules, and nothing inlined by input value (If/Loop/Scan, functions). None: not remembered."""
+    source = artifact.model   # (`model` may have had these inlined, by the inputs' values)
+    if artifact.path is None or artifact.rules is not None or len(source.functions) \
+            or any(n.op_type in ("If", "Loop", "Scan") for n in source.graph.node):
+        return None
+    try:
+        st = os.stat(artifact.path)
+    except OSError:
+        return None
+    return (str(artifact.path), st.st_mtime_ns, st.st_size, st.st_ino, by_name,
+            tuple((name, a.shape, a.dtype.str) for name, a in feeds.items()))
 
 
 def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> Iterator[RuntimeTensor]:

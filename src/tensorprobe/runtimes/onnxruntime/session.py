@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...bundle.writer import populated_bytes
+from ...bundle.writer import PREFAULTED
 from ...errors import InputError
 from .names import ValuePlan, node_inputs
 
@@ -295,12 +295,21 @@ def split_segments(model: Any, plans: list[ValuePlan], sizes: dict[str, int], bu
 
 class _OutputPool:
     """One pre-faulted byte buffer handed out as NumPy arrays for a segment's outputs, and reused by the
-    next segment. It is sized to what the segments need, doubling up to `nbytes` (so a small model does
-    not fault in 256 MiB), and past `nbytes` only for a segment that needs more on its own."""
+    next segment. It is sized to what the first segment needs, doubling up to `nbytes` (so a small model
+    does not fault in 256 MiB), and past `nbytes` only for a segment that needs more on its own. The buffer
+    comes from, and goes back to (`release`), the buffers kept between captures (`bundle.writer.PREFAULTED`):
+    a second capture of a small model faults nothing in."""
 
     def __init__(self, nbytes: int):
         self.nbytes = max(int(nbytes), 1)
         self._buffer: np.ndarray | None = None
+        self._owner: Any = None   # the torch buffer `_buffer` views, handed back by `release`
+
+    def release(self) -> None:
+        """Give the buffer back for a later capture; arrays handed out before must no longer be read."""
+        if self._owner is not None:
+            PREFAULTED.give(self._owner)
+        self._buffer = self._owner = None
 
     @property
     def allocated(self) -> int:
@@ -314,8 +323,13 @@ class _OutputPool:
             spans[name] = (end, n)
             end += -(-n // 64) * 64
         if end > self.allocated:
-            # grow to twice the need (capped), so a slightly larger later segment does not fault in a new buffer
-            self._buffer = populated_bytes(max(end, min(self.nbytes, 2 * max(end, self.allocated)))).numpy()
+            # a later segment that needs more: twice the old size (capped), so a slightly larger one after it
+            # does not fault in a new buffer again
+            grown = end if self._owner is None else max(end, min(self.nbytes, 2 * self.allocated))
+            self.release()
+            # a kept buffer up to 4x the need serves (same model, same shapes: the same size), within the cap
+            self._owner = PREFAULTED.take(grown, at_most=min(max(self.nbytes, grown), 4 * grown))
+            self._buffer = self._owner.numpy()
         return {name: self._buffer[start:start + n].view(dtype).reshape(shape)
                 for (name, (shape, dtype)), (start, n) in zip(specs.items(), spans.values())}
 
