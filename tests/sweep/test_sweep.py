@@ -193,7 +193,9 @@ def test_kokoro_decoder_swept_over_50_voiced_and_unvoiced_items_against_onnxrunt
     pytest.importorskip("onnxruntime")
     (tmp_path / "k.py").write_text("from tensorprobe.examples.kokoro import decoder_sweep\n"
                                    "def build():\n    return decoder_sweep(items=50, seconds=0.1)\n")
-    summary = sweep(f"{tmp_path / 'k.py'}:build", tmp_path / "out", workers=2)
+    # capture_all: what every item's capture and diff say (tier 1 would settle the unvoiced items that agree
+    # within float32 rounding without them: tests/sweep/test_tiers.py)
+    summary = sweep(f"{tmp_path / 'k.py'}:build", tmp_path / "out", workers=2, capture_all=True)
     latest = ResultStore(tmp_path / "out").read()
     voiced = {n: r for n, r in latest.items() if n.startswith("voiced")}
     unvoiced = {n: r for n, r in latest.items() if n.startswith("unvoiced")}
@@ -228,7 +230,7 @@ def test_kokoro_voiced_items_compare_value_by_value_with_replayed_draws(tmp_path
     pytest.importorskip("onnxruntime")
     (tmp_path / "k.py").write_text("from tensorprobe.examples.kokoro import decoder_sweep\n"
                                    "def build():\n    return decoder_sweep(items=6, seconds=0.1)\n")
-    summary = sweep(f"{tmp_path / 'k.py'}:build", tmp_path / "out", workers=2, replay_rng=True)
+    summary = sweep(f"{tmp_path / 'k.py'}:build", tmp_path / "out", workers=2, replay_rng=True, capture_all=True)
     latest = ResultStore(tmp_path / "out").read()
     assert summary.done == 6 and "random" not in summary.causes
     for name, r in latest.items():
