@@ -25,6 +25,21 @@ def render_sweep(console: Console, summary: SweepSummary, out: str | os.PathLike
         for layer, n in summary.first_divergence[:8]:
             table.add_row(str(n), escape(layer))
         console.print(table)
+    if summary.nonfinite_groups:
+        table = Table(title="non-finite output, by where NaN/Inf is born", show_edge=False, title_justify="left")
+        for col in ("items", "side", "born at", "diagnosis", "example"):
+            table.add_column(col, justify="right" if col == "items" else "left")
+        for g in summary.nonfinite_groups[:8]:
+            table.add_row(str(g["items"]), g["side"], escape(g["module"]), escape(g["diagnosis"]), escape(g["example"]))
+        console.print(table)
+    if summary.divergence_groups:
+        table = Table(title="findings with finite output, by first divergence and cause", show_edge=False,
+                      title_justify="left")
+        for col in ("items", "first divergence", "cause", "example"):
+            table.add_column(col, justify="right" if col == "items" else "left")
+        for g in summary.divergence_groups[:8]:
+            table.add_row(str(g["items"]), escape(g["layer"]), escape(g["cause"]), escape(g["example"]))
+        console.print(table)
     if summary.worst_snr:
         table = Table(title="worst items by output SNR", show_edge=False, title_justify="left")
         for col in ("item", "SNR dB", "verdict", "first divergence"):

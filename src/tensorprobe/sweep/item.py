@@ -14,9 +14,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..diff.result import STATUS_SHAPE
 from .spec import Candidate, Sweep, TargetSource
 
 STATUS_DONE, STATUS_FAILED = "done", "failed"
+VERDICT_RANDOM = "random_draws"        # the item first differs at a random draw each side drew on its own
+CAUSE_RANDOM, CAUSE_AMPLIFIED = "random", "amplified"        # diff's causes (diff.noise)
+SHAPE_VERDICT = "shape differs from the reference's"
+MISSING_VERDICT = "no model output to compare"
+REPLAY_ADVICE = ("Rerun with --replay-rng (Sweep(replay_rng=True)) so that both sides draw the same numbers, or "
+                 "export the noise as a model input (rewrite --rules record_random).")
 
 
 class SweepWorker:
@@ -96,11 +103,13 @@ class SweepWorker:
 
         out = output_pair(Bundle.open(ref_path), module_view(Bundle.open(cand_path)), report)
         record = _record(name, report, ref_nan, cand_nan, out)
+        agree = outputs_agree(report, out)
         judged = None
         if self.sweep.sample_rate and out is not None and out.reference.squeeze().ndim == 1:
-            judged = judge_audio(out, self.sweep.sample_rate, outputs_agree(report, out))
+            judged = judge_audio(out, self.sweep.sample_rate, agree)
             record["audio"] = judged.to_dict()
         reasons, properties = _port_reasons(record, report, out, judged), _model_properties(record, judged)
+        reasons, properties = _explained_divergence(record, reasons, properties, agree)
         record["reasons"] = [{"code": c, "text": t} for c, t in reasons]
         record["model_properties"] = [{"code": c, "text": t} for c, t in properties]
         record["finding"] = bool(reasons)
@@ -118,8 +127,10 @@ class SweepWorker:
             return res.diff, res.ref_nan, res.cand_nan if res.cand_nan_escapes else _clean(), \
                 Path(res.ref_bundle), Path(res.cand_bundle)
         ref = capture(self.sweep.reference, *inputs, level="module", keep="full", out=root / "ref")
+        # a PyTorch candidate always takes the reference's draws: two models drawing their own noise differ by
+        # the draws, which says nothing about the port (the runtime path replays only with replay_rng)
         cand = capture(self.candidate, *inputs, level="module", keep="full", out=root / "cand",
-                       replay_rng=ref if self.replay_rng and _draws(ref) else None)
+                       replay_rng=ref if _draws(ref) else None)
         return diff(ref, cand), find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand), ref.path, cand.path
 
     def _prepared_for(self, inputs: tuple) -> Any:
@@ -185,6 +196,7 @@ def _record(name: str, report: Any, ref_nan: Any, cand_nan: Any, out: Any) -> di
         "output": report.output,
         "output_snr_db": snr, "output_corr": corr,
         "output_nonfinite": out.to_dict() if out is not None else None,
+        "output_verdict": _output_verdict(pair, out),
         "ref_nan": _origin(ref_nan), "cand_nan": _origin(cand_nan),
         "strongest_amplifier": amp.name if amp is not None else None,
         "records_compared": len(report.pairs),
@@ -198,10 +210,13 @@ def _port_reasons(record: dict[str, Any], report: Any, out: Any, judged: Any) ->
         where = record["first_divergence"] or report.first_difference or report.output
         reasons.append(("diverged", f"diverges from the reference at {where}"
                                     + (f" (cause {record['cause']})" if record["cause"] else "")))
+    if out is None and record["output_verdict"] in (SHAPE_VERDICT, MISSING_VERDICT):
+        reasons.append(("output", f"output {record['output'] or '?'}: {record['output_verdict']}"))
     if out is not None and out.candidate_only:
-        reasons.append(("nonfinite", f"output {out.name}: {out.nonfinite_text()}"))
+        reasons.append(("nonfinite", f"output {out.name}: {out.nonfinite_text()}"
+                                     + (f", born at {_born(record['cand_nan'])}" if record["cand_nan"] else "")))
     elif record["cand_nan"] and not record["ref_nan"]:
-        reasons.append(("nonfinite", f"NaN/Inf born in the candidate at {record['cand_nan']['record']}, "
+        reasons.append(("nonfinite", f"NaN/Inf born in the candidate at {_born(record['cand_nan'])}, "
                                      "the reference stays finite"))
     if judged is not None:
         reasons += judged.reasons
@@ -212,7 +227,7 @@ def _model_properties(record: dict[str, Any], judged: Any) -> list[tuple[str, st
     """What the reference's output shares with the candidate's: properties of the model, never findings."""
     props = []
     if record["ref_nan"] and record["cand_nan"]:
-        props.append(("nonfinite", f"the reference makes NaN/Inf too (first at {record['ref_nan']['record']})"))
+        props.append(("nonfinite", f"the reference makes NaN/Inf too (born at {_born(record['ref_nan'])})"))
     if judged is not None:
         props += judged.model_reasons
     return props
@@ -228,10 +243,90 @@ def _tts_record(name: str, audio: Any, report: Any) -> dict[str, Any]:
             "audio_samples": None if audio is None else int(getattr(audio, "size", len(audio)))}
 
 
+def _explained_divergence(record: dict[str, Any], reasons: list[tuple[str, str]], properties: list[tuple[str, str]],
+                          agree: bool) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Take out of the findings what the port did not do: a first divergence at a random draw the two sides drew
+    on their own (verdict `random_draws`: the item says how to make it comparable), and rounding the model
+    amplified inside while the outputs agree (a property of the model). NaN/Inf on the candidate side only stays
+    a finding: other random numbers do not make a faithful port non-finite."""
+    cause = record.get("cause")
+    if record["verdict"] != "diverged" or cause not in (CAUSE_RANDOM, CAUSE_AMPLIFIED):
+        return reasons, properties
+    if cause == CAUSE_AMPLIFIED and not agree:
+        return reasons, properties
+    kept = [(c, t) for c, t in reasons if c == "nonfinite" or c == "output"]
+    moved = [(c, t) for c, t in reasons if (c, t) not in kept]
+    if cause == CAUSE_RANDOM:
+        record["diff_verdict"], record["verdict"] = record["verdict"], VERDICT_RANDOM
+        record["random_draws"] = (f"first differs at the random draw {record['first_divergence']}: reference and "
+                                  f"candidate draw other numbers, so the items are not comparable value by value. "
+                                  f"{REPLAY_ADVICE}")
+        text = "differs by random draws: " + "; ".join(t for _, t in moved)
+        return kept, properties + [("random_draws", text)]
+    return kept, properties + [("amplified", f"rounding amplified inside the model (first parts at "
+                                             f"{record['first_divergence']}); the outputs agree")]
+
+
+def _output_verdict(pair: Any, out: Any) -> str:
+    """What became of the model output, in words: finite and compared (the diff's status), non-finite on
+    which side, or not comparable (a missing or wrong-shaped output)."""
+    if pair is None:
+        return MISSING_VERDICT
+    if pair.status == STATUS_SHAPE:
+        return SHAPE_VERDICT
+    if out is not None and (out.one_sided or out.both):
+        parts = [f"{side} {n}" for side, n in (("candidate only", out.candidate_only),
+                                              ("reference only", out.reference_only), ("both", out.both)) if n]
+        return "non-finite (" + ", ".join(parts) + ")"
+    if out is not None and out.reference.size == 0:
+        return "empty"
+    return pair.status
+
+
 def _origin(o: Any) -> dict[str, Any] | None:
+    """Where NaN/Inf was born on one side, as `nan` reports it on that capture."""
     if not o.found:
         return None
-    return {"record": o.record, "op": o.op, "module": o.module, "cause": o.cause}
+    pattern = o.output.stats.channel_pattern() if o.output is not None else None
+    return {"record": o.record, "op": o.op, "module": o.module, "module_type": o.module_type, "cause": o.cause,
+            "channels": o.elements or pattern, "diagnosis": diagnosis_label(o),
+            "headline": o.headline(), "diagnosis_text": list(o.diagnosis)}
+
+
+# the diagnosis sentences of `nan`, each as the short label a sweep groups items by (first match wins)
+_DIAGNOSES = (("variance came out negative", "negative variance"),
+              ("non-finite per-channel statistics", "negative variance"),
+              ("running_var", "negative running variance"),
+              ("division by zero", "division by zero"),
+              ("exact zero", "sqrt/log of zero"),
+              ("negative value", "sqrt/log of a negative value"),
+              ("outside [-1, 1]", "input outside [-1, 1]"),
+              ("overflow", "overflow"),
+              ("mask", "a deliberate ±Inf mask"),
+              ("reduced precision", "reduced precision"))
+
+
+def diagnosis_label(origin: Any) -> str:
+    """A short name for why NaN/Inf was born (`negative variance`), from `nan`'s diagnosis of `origin`."""
+    from ..nan.origin import CAUSE_MODEL_INPUT, CAUSE_PARAMETER
+
+    if origin.cause == CAUSE_MODEL_INPUT:
+        return "non-finite model input"
+    if origin.cause == CAUSE_PARAMETER:
+        return "non-finite weights"
+    for sentence in origin.diagnosis:
+        if sentence.startswith(("Its input is most likely", "Pattern:", "A module-level record")):
+            continue
+        for words, label in _DIAGNOSES:
+            if words in sentence:
+                return label
+    if origin.module_type and any("from finite inputs" in d for d in origin.diagnosis):
+        return f"made inside {origin.module_type} from finite inputs"      # `nan` names no cause
+    return "undiagnosed"
+
+
+def _born(origin: dict[str, Any]) -> str:
+    return f"{origin['module'] or origin['record']} ({origin['diagnosis']})"
 
 
 def _num(v: Any) -> float | str | None:

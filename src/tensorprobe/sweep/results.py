@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .item import STATUS_DONE, STATUS_FAILED
+from .item import REPLAY_ADVICE, STATUS_DONE, STATUS_FAILED, VERDICT_RANDOM
 
 ITEMS_FILE = "items.jsonl"
 
@@ -84,6 +84,11 @@ class SweepSummary:
     errors: list[dict[str, Any]]
     why: dict[str, int] = field(default_factory=dict)               # finding code -> items
     model_properties: dict[str, int] = field(default_factory=dict)  # shared with the reference -> items
+    # items whose output holds NaN/Inf, grouped by where it was born: side, module, diagnosis, items, example
+    nonfinite_groups: list[dict[str, Any]] = field(default_factory=list)
+    # items with a finding and finite outputs, grouped by first divergence and its cause
+    divergence_groups: list[dict[str, Any]] = field(default_factory=list)
+    random_draws: int = 0          # items that differ by random draws only: not findings
 
     @property
     def finding(self) -> bool:
@@ -96,19 +101,20 @@ class SweepSummary:
                 + (f", {self.failed} failed to run" if self.failed else "") + ".")
         if self.finding:
             text += " " + self.why_sentence()
-        if self.model_properties:
+        text += "".join(" " + sentence for sentence in self.nonfinite_sentences())
+        if self.random_draws:
+            n = self.random_draws
+            text += (f" {n} item{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} by random draws only, not "
+                     f"counted as findings: {REPLAY_ADVICE}")
+        if self.properties_sentence():
             text += " " + self.properties_sentence()
-        if self.first_divergence:
-            layer, n = self.first_divergence[0]
-            text += f" Most frequent first divergence: {layer} ({n} items)."
-        if self.causes.get("random"):
-            text += (f" {self.causes['random']} items first differ at a random draw (the two sides draw other "
-                     "numbers: sweep --replay-rng gives both the same draws).")
+        if self.divergence_groups:
+            g = self.divergence_groups[0]
+            text += (f" Findings with finite output first diverge most often at {g['layer']} (cause {g['cause']}, "
+                     f"{g['items']} item{'s' if g['items'] != 1 else ''}; e.g. {g['example']}).")
         if self.bad_stages:
             stage, n = self.bad_stages[0]
             text += f" Most frequent first bad TTS stage: {stage} ({n} items)."
-        if self.nonfinite:
-            text += f" {len(self.nonfinite)} items with NaN/Inf in the candidate."
         if self.worst_snr:
             w = self.worst_snr[0]
             text += f" Worst output SNR: {w['item']} ({_fmt(w['output_snr_db'])} dB)."
@@ -122,9 +128,30 @@ class SweepSummary:
             parts.append(f"failed to run ({self.failed} item{'s' if self.failed != 1 else ''})")
         return "Findings: " + "; ".join(parts) + "."
 
+    def nonfinite_sentences(self) -> list[str]:
+        """One sentence per side: "8 items non-finite, all born at M (negative variance)", or the groups."""
+        out = []
+        for side, whose in (("candidate", "the candidate's"), ("reference", "the reference's")):
+            groups = [g for g in self.nonfinite_groups if g["side"] == side]
+            if not groups:
+                continue
+            total = sum(g["items"] for g in groups)
+            head = f"{total} item{'s' if total != 1 else ''} with {whose} output non-finite"
+            if len(groups) == 1:
+                g = groups[0]
+                born = "all born" if total > 1 else "born"
+                out.append(f"{head}, {born} at {g['module']} ({g['diagnosis']}; e.g. {g['example']}).")
+            else:
+                out.append(head + ": " + "; ".join(f"{g['items']} born at {g['module']} ({g['diagnosis']}; e.g. "
+                                                  f"{g['example']})" for g in groups) + ".")
+        return out
+
     def properties_sentence(self) -> str:
         parts = [f"{_describe(code, _PROPERTY)} ({n} item{'s' if n != 1 else ''})"
-                 for code, n in sorted(self.model_properties.items(), key=_most_then_worst)]
+                 for code, n in sorted(self.model_properties.items(), key=_most_then_worst)
+                 if code != "random_draws"]      # a sentence of its own
+        if not parts:
+            return ""
         return ("Properties of the model, not findings (the reference's output shares them): "
                 + "; ".join(parts) + ".")
 
@@ -132,6 +159,8 @@ class SweepSummary:
         return {"headline": self.headline(), "items": self.items, "done": self.done, "failed": self.failed,
                 "findings": self.findings, "finding": self.finding, "why": self.why,
                 "model_properties": self.model_properties, "verdicts": self.verdicts,
+                "random_draws": self.random_draws, "nonfinite_groups": self.nonfinite_groups,
+                "divergence_groups": self.divergence_groups,
                 "worst_snr": self.worst_snr, "worst_corr": self.worst_corr, "nonfinite": self.nonfinite,
                 "first_divergence": [{"layer": k, "items": n} for k, n in self.first_divergence],
                 "causes": self.causes, "bad_stages": [{"stage": k, "items": n} for k, n in self.bad_stages],
@@ -165,16 +194,49 @@ def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummar
         audio=dict(Counter((r.get("audio") or {}).get("diff") for r in done if r.get("audio"))),
         seconds={"total": round(sum(times), 3), "mean": round(sum(times) / len(times), 4) if times else 0.0,
                  "max": times[-1] if times else 0.0},
-        errors=[{"item": r["item"], "error": r.get("error")} for r in failed])
+        errors=[{"item": r["item"], "error": r.get("error")} for r in failed],
+        nonfinite_groups=_nonfinite_groups(done), divergence_groups=_divergence_groups(done),
+        random_draws=sum(1 for r in done if r.get("verdict") == VERDICT_RANDOM))
+
+
+def _nonfinite_groups(done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Items whose output is non-finite, by side and (origin module, diagnosis), largest group first."""
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for r in done:
+        counts = r.get("output_nonfinite") or {}
+        for side, key, only in (("candidate", "cand_nan", "candidate_only"), ("reference", "ref_nan", "reference_only")):
+            origin = r.get(key)
+            if origin and (counts.get(only) or counts.get("both") or not counts):
+                module = origin.get("module") or origin.get("record") or "?"
+                groups.setdefault((side, module, origin.get("diagnosis") or "undiagnosed"), []).append(r["item"])
+    ranked = sorted(groups.items(), key=lambda kv: (kv[0][0] != "candidate", -len(kv[1]), kv[0]))
+    return [{"side": side, "module": module, "diagnosis": diagnosis, "items": len(items), "example": items[0]}
+            for (side, module, diagnosis), items in ranked]
+
+
+def _divergence_groups(done: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Findings with finite outputs, by (first divergence, cause), largest group first."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in done:
+        counts = r.get("output_nonfinite") or {}
+        if r.get("finding") and not (counts.get("candidate_only") or counts.get("reference_only") or counts.get("both")):
+            key = (r.get("first_divergence") or r.get("output") or "?", r.get("cause") or "-")
+            groups.setdefault(key, []).append(r["item"])
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return [{"layer": layer, "cause": cause, "items": len(items), "example": items[0]}
+            for (layer, cause), items in ranked]
 
 
 _WHY = {"diverged": "diverge from the reference",
         "nonfinite": "NaN/Inf in the candidate's output where the reference's is finite",
+        "output": "the output is missing or shaped otherwise than the reference's",
         "finding": "a finding (recorded by an older tensorprobe: see items.jsonl)",
         "audio.diff": "the audio differs from the reference's (audio diff)",
         "audio.": "the candidate's audio fails {check}, the reference's passes",
         "tts.": "the TTS stage check {check} fires"}
-_PROPERTY = {"nonfinite": "the reference makes NaN/Inf too", "audio.": "audio {check}"}
+_PROPERTY = {"nonfinite": "the reference makes NaN/Inf too", "audio.": "audio {check}",
+             "amplified": "rounding amplified inside the model, the outputs agree",
+             "random_draws": "differs by random draws"}
 
 
 def _most_then_worst(entry: tuple[str, int]) -> tuple[int, int, str]:
