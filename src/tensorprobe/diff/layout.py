@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TRANSPOSED, REORDERED = "transposed", "channels reordered"
+MIN_ROW = 4   # values per channel needed before a reordering of channels is claimed
 TAG_LAYOUT = "layout:"        # tag of a pair whose candidate holds the reference's values in another layout
 MAX_AXES = 5                  # transposes tried: every axis order of up to 5 dimensions (120)
 MAX_CHANNELS = 4096           # channel orders looked for along axes of at most this size
@@ -99,7 +100,9 @@ def _reordered(r: np.ndarray, c: np.ndarray, limit: float) -> Layout | None:
     whole tensor compared in the matched order."""
     for axis in range(r.ndim):
         k = r.shape[axis]
-        if not 2 <= k <= MAX_CHANNELS:
+        # rows of a few values are no evidence: any vector is a "reordering" of its sorted values (a time-reversed
+        # audio frame read as 512 channels reordered)
+        if not 2 <= k <= MAX_CHANNELS or r.size // k < MIN_ROW:
             continue
         rr = np.moveaxis(r, axis, 0).reshape(k, -1).astype(np.float64)
         cc = np.moveaxis(c, axis, 0).reshape(k, -1).astype(np.float64)
