@@ -5,8 +5,12 @@
 Steps of the Kokoro decoder (kokoro.istftnet, seeded random weights, train mode, Adam) on `--seconds` of voiced
 input, and of the small mel predictor (examples.training). Modes, interleaved step by step so that drift in
 machine load cancels out: plain; the monitor with loss and gradient statistics only (no optimizer given: no
-update ratios); with the optimizer (update ratios: a copy of the weights around each step); and with module
-outputs watched as well. Reported: the median over steps of each mode's step time / the plain step's.
+update ratios); with the optimizer and the update ratio measured every step (a copy of the weights into reused
+buffers around each step: `updates.every = 1`); with the default sampling (every 10th step; the bench skips the
+monitor's 20-step warm-up, during which every step is measured, to show the steady state); and with module
+outputs watched as well. Reported per mode: `_x`, the median over steps of the step time / the plain step's
+(what a typical step costs), and `_mean_x`, total time / the plain total (the amortised cost: a sampled
+step's copy counts in it).
 """
 
 from __future__ import annotations
@@ -49,8 +53,12 @@ def run(label: str, factory, steps: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="tp-bench-monitor-"))
     monitors = {"plain": None,
                 "grads": Monitor(model, None, root / "grads"),
+                "grads+updates_every_step": Monitor(model, opt, root / "every"),
                 "grads+updates": Monitor(model, opt, root / "updates"),
                 "grads+updates+outputs": Monitor(model, opt, root / "outputs", watch=watch)}
+    monitors["grads+updates_every_step"].updates.every = 1
+    for m in list(monitors.values())[1:]:
+        m.updates.warmup = 0
     for m in monitors.values():     # each monitor's hooks are active only in its own steps
         if m is not None:
             m.pause()
@@ -81,6 +89,7 @@ def run(label: str, factory, steps: int) -> dict:
            "plain_step_s": round(statistics.median(plain), 4)}
     for name in list(monitors)[1:]:
         row[f"{name}_x"] = round(statistics.median(t / p for t, p in zip(times[name], plain)), 3)
+        row[f"{name}_mean_x"] = round(sum(times[name]) / sum(plain), 3)
     print(json.dumps(row))
     return row
 
@@ -96,7 +105,7 @@ def _activate(monitors, active) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--out", default="bench/results/monitor.json")
     args = ap.parse_args()

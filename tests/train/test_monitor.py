@@ -49,7 +49,8 @@ def test_clean_run_has_no_finding_and_rows_read_with_pandas(tmp_path):
     rows = pd.read_json(tmp_path / "run" / "steps.jsonl", lines=True)
     assert len(rows) == STEPS and rows["step"].tolist() == list(range(STEPS))
     assert rows["loss"].iloc[-1] < 0.5 * rows["loss"].iloc[0]                       # it did learn
-    assert (rows["update_ratio/decoder.weight"] > 0).all() and "out_std/decoder" in rows
+    ratios = rows["update_ratio/decoder.weight"].dropna()      # measured on sampled steps (monitor.updates)
+    assert len(ratios) == 20 + (STEPS - 20 + 9) // 10 and (ratios > 0).all() and "out_std/decoder" in rows
     assert not summarize(tmp_path / "run").finding
 
 
@@ -204,8 +205,9 @@ def test_grad_scaler_skips_are_recorded_and_flagged(tmp_path):
     assert [r["step"] for r in rows if r["skipped"]] == list(range(20, 30))
     assert rows[19]["scale"] == 2.0 ** 10 and rows[30]["scale"] == 2.0 ** 0
     kinds = [(f["step"], f["kind"]) for f in mon.findings]
-    assert (20, "nonfinite_gradient") in kinds and ("skipped_steps" in {k for _, k in kinds})
+    # the scaler skipped the overflow (info), and skips far beyond its normal rate are the error
+    assert (20, "scaler_backoff") in kinds and "nonfinite_gradient" not in {k for _, k in kinds}
     skipped = next(f for f in mon.findings if f["kind"] == "skipped_steps")
-    assert 20 <= skipped["step"] < 30
+    assert 20 <= skipped["step"] < 30 and skipped["severity"] == "error"
     # unscaled: the norms at step 10 are the model's own, not 1024 times them
     assert rows[10]["grad_norm/decoder.weight"] < 10

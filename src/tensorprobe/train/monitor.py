@@ -10,7 +10,8 @@
 
 Each step costs two reading passes over each gradient (its L2 norm and `aminmax`, taken by a post-accumulate
 hook as the backward makes it, before any clipping) and one device-to-host copy of all the figures; with an
-optimizer, the update ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`. Watched modules add
+optimizer, the update ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`: into buffers
+reused from step to step, on every step of the first 20 and every 10th after (`monitor.updates.every`). Watched modules add
 four reductions of their output per forward.
 """
 
@@ -27,6 +28,7 @@ import torch
 from ..errors import InputError, TensorprobeError
 from .detect import FrozenWeights, GradientHistory, Jumps, LossPlateau, OutputCollapse, SkippedSteps
 from .run import RunWriter, as_float, read_findings, read_rows
+from .updates import WeightSnapshot
 
 
 class TrainingStopped(TensorprobeError):
@@ -84,6 +86,9 @@ class Monitor:
         self._outputs: dict[str, torch.Tensor] = {}
         self._grad_stats: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
+        # the weights before an optimizer step, in reused buffers, on sampled steps (`updates.every`, after
+        # `updates.warmup` steps measured one by one): |Δw| is exact where measured, absent between
+        self.updates = WeightSnapshot()
         self._before: list[torch.Tensor] | None = None
         self._ratios: dict[str, float] | None = None
         self._stepped = False
@@ -243,7 +248,7 @@ class Monitor:
         return hook
 
     def _before_update(self, optimizer, args, kwargs) -> None:
-        self._before = [p.detach().clone() for _, p in self.params]
+        self._before = self.updates.take(self.step_index - 1, [p for _, p in self.params])
 
     def _after_update(self, optimizer, args, kwargs) -> None:
         self._stepped = True
