@@ -11,7 +11,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
+from typing import Any, Callable
 
 MIN_HISTORY = 10           # steps of a layer's own history before it can be called exploding or vanishing
 EXPLODE_DECADES = 2.0      # a gradient norm 100x its recent median
@@ -123,6 +123,17 @@ def _by_layer(items: list[Any]) -> dict[str, list[Any]]:
     return out
 
 
+def _full_windows(history: dict[str, deque[float]], window: int, losses: dict[str, float]):
+    """Append each finite loss to its window; yield (name, value, window) for the windows that are full."""
+    for name, value in losses.items():
+        if not math.isfinite(value):
+            continue
+        hist = history.setdefault(name, deque(maxlen=window))
+        hist.append(value)
+        if len(hist) == window:
+            yield name, value, hist
+
+
 class LossPlateau:
     """A loss (or loss term) that stops moving: max − min over the window below PLATEAU_REL of its size."""
 
@@ -133,13 +144,7 @@ class LossPlateau:
 
     def update(self, step: int, losses: dict[str, float]) -> list[dict[str, Any]]:
         out = []
-        for name, value in losses.items():
-            if not math.isfinite(value):
-                continue
-            hist = self.history.setdefault(name, deque(maxlen=self.window))
-            hist.append(value)
-            if len(hist) < self.window:
-                continue
+        for name, value, hist in _full_windows(self.history, self.window, losses):
             span = max(hist) - min(hist)
             stuck = span <= PLATEAU_REL * max(abs(sum(hist) / len(hist)), 1e-12)
             if self.episodes.start(name, stuck):
@@ -201,14 +206,62 @@ class FrozenWeights:
 
 
 class SkippedSteps:
-    """Optimizer steps that did not happen (a GradScaler skips the step when a gradient is inf/NaN)."""
+    """Optimizer steps that did not happen (a GradScaler skips the step when a gradient is inf/NaN).
 
-    def __init__(self, window: int):
+    Without a scaler, 10% of the window skipped is a warning. With one, its calibration (the skips before the
+    first step taken, while the scale comes down) and its occasional back-offs are info; an error needs skips
+    beyond its normal rate (about one back-off per `growth_interval` steps)."""
+
+    def __init__(self, window: int, scaler: Any = None):
         self.recent: deque[bool] = deque(maxlen=window)
         self.episodes = Episodes()
         self.total = 0
+        self.scaler = scaler
+        self.calibrating = scaler is not None
+        self.calibration_skips = 0
 
-    def update(self, step: int, skipped: bool) -> list[dict[str, Any]]:
+    def normal_rate(self) -> float:
+        interval = getattr(self.scaler, "get_growth_interval", lambda: 2000)()
+        return 1.0 / (interval + 1)
+
+    def in_window(self) -> int:
+        return sum(self.recent)
+
+    def update(self, step: int, skipped: bool, scale: float | None = None) -> list[dict[str, Any]]:
+        if self.scaler is None:
+            return self._plain(step, skipped)
+        if self.calibrating:
+            if skipped:
+                self.calibration_skips += 1
+                self.total += 1
+                return []
+            self.calibrating = False
+            if self.calibration_skips:
+                return [finding(step, "scaler_calibration", "info",
+                                f"the GradScaler skipped the first {self.calibration_skips} steps while its scale "
+                                f"came down to {scale:.6g}: its normal calibration, not a fault",
+                                layer="optimizer", skipped=self.calibration_skips)]
+            return []
+        self.recent.append(skipped)
+        self.total += skipped
+        rate, share = self.normal_rate(), sum(self.recent) / len(self.recent)
+        many = sum(self.recent) >= 3 and share > 3 * rate
+        out = []
+        if self.episodes.start("skips", many):
+            out.append(finding(step, "skipped_steps", "error",
+                               f"{sum(self.recent)} of the last {len(self.recent)} optimizer steps were skipped "
+                               f"({share:.0%}); a healthy GradScaler backs off about once per growth_interval "
+                               f"({rate:.2%} of steps): the gradients overflow or go NaN at every scale, so the "
+                               "model stops learning while the loss curve looks calm; lower the lr, clip the "
+                               "gradients, or find the op (nan --backward)", layer="optimizer", rate=share,
+                               normal_rate=rate))
+        elif skipped and not many:
+            out.append(finding(step, "scaler_backoff", "info",
+                               f"the GradScaler skipped this step and backed off its scale to {scale:.6g}: an "
+                               "occasional overflow it handles", layer="optimizer"))
+        return out
+
+    def _plain(self, step: int, skipped: bool) -> list[dict[str, Any]]:
         self.recent.append(skipped)
         self.total += skipped
         share = sum(self.recent) / len(self.recent)
@@ -218,4 +271,178 @@ class SkippedSteps:
                             f"{sum(self.recent)} of the last {len(self.recent)} optimizer steps were skipped "
                             f"({self.total} in the run): the gradients keep overflowing or going NaN; the loss "
                             "curve does not show it", layer="optimizer")]
+        return []
+
+
+# ---- rules that need no history: absolute bounds and the model's other layers --------------------------------
+
+UPDATE_BOUND = 1e-1        # |Δw|/|w| per step: healthy SGD/Adam steps are ~1e-4..1e-2
+CROSS_LAYER = 100.0        # a layer ≥100x the median of the model's other layers
+CROSS_LAYER_GRAD = 1000.0  # gradient RMS spreads more between layers (depth, fan-in) than update ratios do
+
+
+def _median_of_others(values: dict[str, float], name: str) -> float | None:
+    others = [v for n, v in values.items() if n != name and math.isfinite(v) and v > 0]
+    return median(others) if len(others) >= 2 else None
+
+
+class CrossLayer:
+    """A figure per parameter (update ratio, gradient RMS) judged at every step, from step 0, against an
+    absolute bound and against the median of the model's other layers. Only matrices and kernels (≥2-D) are
+    judged: a bias or a norm gain starts at 0 or 1 by design, so its ratio says nothing about the lr."""
+
+    def __init__(self, kind: str, bound: float | None, factor: float, describe: Callable[..., str]):
+        self.kind, self.bound, self.factor, self.describe = kind, bound, factor, describe
+        self.episodes = Episodes()
+
+    def update(self, step: int, values: dict[str, float]) -> list[dict[str, Any]]:
+        flagged = []
+        for name, value in values.items():
+            if not math.isfinite(value):
+                continue
+            ref = _median_of_others(values, name)
+            high_vs_others = ref is not None and value >= self.factor * ref
+            over_bound = self.bound is not None and value > self.bound
+            if self.episodes.start(name, high_vs_others or over_bound):
+                flagged.append((name, value, ref))
+        out = []
+        for layer, members in _by_layer(flagged).items():
+            name, value, ref = max(members, key=lambda m: m[1])
+            # far above every other layer is an error; over the absolute bound alone (a high lr for all), a warning
+            severe = self.kind == "exploding_update" and ref is not None and value >= self.factor * ref
+            out.append(finding(step, self.kind, "error" if severe else "warning",
+                               self.describe(name, value, ref), layer=layer, params=[m[0] for m in members],
+                               value=value, reference=ref))
+        return out
+
+
+class DeadGradients:
+    """Parameters whose gradient has been exactly zero (or absent) at every step since the first: a dead ReLU
+    layer, a branch detached from the loss."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.zero_since_start: dict[str, int] = {}
+        self.reported = False
+
+    def update(self, step: int, norms: dict[str, float]) -> list[dict[str, Any]]:
+        for name, norm in norms.items():
+            count = self.zero_since_start.get(name, 0)
+            if count >= 0:
+                self.zero_since_start[name] = count + 1 if norm == 0 else -1
+        if self.reported or step + 1 < self.patience:
+            return []
+        self.reported = True
+        dead = [n for n, c in self.zero_since_start.items() if c >= self.patience]
+        out = []
+        for layer, names in _by_layer(dead).items():
+            out.append(finding(step, "dead_gradient", "warning",
+                               f"{layer} gets no gradient: {', '.join(names)} had a gradient of exactly 0 (or none) "
+                               f"at every step since step 0 ({self.patience} steps): a layer whose ReLU is dead on "
+                               "every input, or a branch detached from the loss (.detach(), torch.no_grad, an output "
+                               "the loss does not use)", layer=layer, params=names))
+        return out
+
+
+class LossTrend:
+    """A loss whose smoothed trend (the mean of a window) has not improved for a window while it is far from
+    the best it has shown: still more than half its starting level, or twice its best. Noise does not hide it
+    (the window mean absorbs it); a run that converged near zero and plateaus is not flagged."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.recent: dict[str, deque[float]] = {}
+        self.first: dict[str, float] = {}
+        self.best: dict[str, float] = {}
+        self.best_at: dict[str, int] = {}
+        self.episodes = Episodes()
+
+    def update(self, step: int, losses: dict[str, float], skips: int = 0) -> list[dict[str, Any]]:
+        out = []
+        for name, value, hist in _full_windows(self.recent, self.window, losses):
+            smooth = sum(hist) / len(hist)
+            self.first.setdefault(name, smooth)
+            if smooth < self.best.get(name, math.inf) * 0.99:
+                self.best[name], self.best_at[name] = smooth, step
+            best, first = self.best[name], self.first[name]
+            stalled = step - self.best_at[name] >= self.window
+            # far: little progress since the start, or fallen back well above its best (not the noise of a
+            # loss that has converged near zero)
+            far = smooth > 0.5 * first or (smooth > 2 * best and smooth - best > 0.1 * (first - best))
+            if self.episodes.start(name, stalled and far):
+                out.append(finding(step, "loss_not_decreasing",
+                                   "error" if skips else "warning",
+                                   f"{name} is not decreasing: its mean over the last {self.window} steps is "
+                                   f"{smooth:.4g}, no better than the {best:.4g} it reached by step "
+                                   f"{self.best_at[name]} (it started at {first:.4g})"
+                                   + (f"; {skips} optimizer steps were skipped in that window" if skips else "")
+                                   + ": check the learning rate, the targets (shuffled, misaligned?), the data",
+                                   layer=name, value=smooth, reference=best))
+        return out
+
+
+# ---- collapse against the data ---------------------------------------------------------------------------------
+
+COLLAPSE_VS_TARGET = 0.1   # a prediction's spread below a tenth of its target's (or of its own first steps)
+EARLY_STEPS = 5            # the steps whose spread is "its own spread in the first steps"
+MEAN_LOSS_TOL = 0.05       # a loss within 5% of what predicting the targets' mean costs
+
+
+class DataCollapse:
+    """A watched prediction whose spread across batch and time (per channel) stays below a tenth of its
+    target's, or of its own spread in its first steps, for `patience` steps (a constant from step 0 included),
+    and a loss that stays at what predicting the targets' mean would cost."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.early: dict[str, list[float]] = {}
+        self.low_for: dict[str, int] = {}
+        self.low_start: dict[str, float] = {}
+        self.at_mean_for = 0
+        self.episodes = Episodes()
+
+    def update(self, step: int, stats: dict[str, dict[str, float]], loss: float | None) -> list[dict[str, Any]]:
+        out = []
+        for name, s in stats.items():
+            spread, target = s["spread"], s.get("target_spread")
+            early = self.early.setdefault(name, [])
+            own = median(early) if len(early) >= EARLY_STEPS else None
+            if len(early) < EARLY_STEPS:
+                early.append(spread)
+            if target is not None and target > 0:
+                ref, against = target, "target"
+            elif own is not None and own > 0:
+                ref, against = own, "its own in the first steps"
+            else:
+                continue
+            low = spread < COLLAPSE_VS_TARGET * ref
+            if low and self.low_for.get(name, 0) == 0:
+                self.low_start[name] = spread
+            self.low_for[name] = self.low_for.get(name, 0) + 1 if low else 0
+            # a prediction still growing its spread is learning, not collapsed
+            rising = spread > 2 * self.low_start.get(name, spread) + 1e-12
+            collapsed = self.low_for[name] >= self.patience and not rising
+            if self.episodes.start(name, collapsed):
+                since = step - self.low_for[name] + 1
+                out.append(finding(step, "output_collapse", "error",
+                                   f"{name}: predicted std {spread:.3g} against {against} std {ref:.3g} "
+                                   f"(since step {since}): the model outputs a near-constant; check the target "
+                                   "normalisation and the loss (a model that predicts the mean pays only the "
+                                   "targets' variance)", layer=name, value=spread, reference=ref, since=since))
+        out += self._loss_at_mean(step, stats, loss)
+        return out
+
+    def _loss_at_mean(self, step: int, stats: dict[str, dict[str, float]], loss: float | None) -> list[dict[str, Any]]:
+        baselines = [b for s in stats.values() for b in s.get("mean_baselines", ())]
+        if loss is None or not math.isfinite(loss) or not baselines:
+            return []
+        near = min(baselines, key=lambda b: abs(loss - b))
+        at_mean = near > 0 and abs(loss - near) <= MEAN_LOSS_TOL * near
+        self.at_mean_for = self.at_mean_for + 1 if at_mean else 0
+        if self.episodes.start("loss@mean", self.at_mean_for >= self.patience):
+            return [finding(step, "loss_at_mean", "error",
+                            f"the loss has stayed at {loss:.4g} for {self.at_mean_for} steps, the cost of "
+                            f"predicting the targets' mean ({near:.4g}): the model has learnt nothing of the "
+                            "input; check the targets' normalisation and that inputs and targets are paired",
+                            layer="loss", value=loss, reference=near)]
         return []

@@ -3,7 +3,9 @@
     trainer = lightning.Trainer(callbacks=[MonitorCallback("runs/a", watch=["decoder"])])
 
 The gradients are read by the monitor's hooks as the backward makes them; the step is recorded in
-`on_before_optimizer_step` and the loss `training_step` returned is added at the batch's end. With
+`on_before_optimizer_step` and the loss `training_step` returned is added at the batch's end; when
+`training_step` returns a dict with `"outputs"` and `"targets"` (a watched prediction and its target, tensors
+or dicts of them), they are judged for collapse against the data. With
 `diagnose=True`, the first step whose gradients go non-finite is run again (`training_step` on the same
 batch) under `find_first_nonfinite_backward`, and the finding names the op where the NaN is born.
 """
@@ -49,8 +51,10 @@ class MonitorCallback(Callback):
         if self.monitor is None:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is not None:
-            self.monitor.add_loss(loss)
+        pred = outputs.get("outputs") if isinstance(outputs, dict) else None
+        target = outputs.get("targets") if isinstance(outputs, dict) else None
+        if loss is not None or pred is not None:
+            self.monitor.add_loss(loss, outputs=pred, targets=target)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.monitor is not None:

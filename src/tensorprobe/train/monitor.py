@@ -26,7 +26,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ..errors import InputError, TensorprobeError
-from .detect import FrozenWeights, GradientHistory, Jumps, LossPlateau, OutputCollapse, SkippedSteps
+from .detect import (CROSS_LAYER, CROSS_LAYER_GRAD, UPDATE_BOUND, CrossLayer, DataCollapse, DeadGradients,
+                     FrozenWeights, GradientHistory, Jumps, LossPlateau, LossTrend, OutputCollapse, SkippedSteps,
+                     finding)
 from .run import RunWriter, as_float, read_findings, read_rows
 from .updates import WeightSnapshot
 
@@ -48,13 +50,17 @@ class Monitor:
         optimizer: its optimizer (optional): update ratios |Δw|/|w|, frozen weights and skipped steps need it.
         run_dir: where the run's rows and findings go (reopened to resume).
         watch: module names or regexes whose outputs' statistics are recorded (output collapse).
-        scaler: a `torch.amp.GradScaler`: gradients are unscaled for the statistics, its scale is logged.
+        scaler: a `torch.amp.GradScaler`: gradients are unscaled for the statistics, its scale is logged; a
+            step it skips on an overflow (its calibration, an occasional back-off) is info, not an error, unless
+            the skips exceed its normal rate or the loss stops improving.
         window: steps of history the detectors compare with.
         every: write a row every `every` steps (and every step with a finding); detection runs every step.
         stop_on: finding kinds that raise `TrainingStopped` (e.g. `("nonfinite_gradient",)`).
         diagnose: `fn() -> (inputs, loss_fn[, call])` giving the step's batch (and how to run the model on it,
             `call(model, *inputs)`, when not `model(*inputs)`): on the first non-finite gradient the
-            step is run again under `find_first_nonfinite_backward` to name the op where it is born.
+            step is run again under `find_first_nonfinite_backward` to name the op where it is born (under
+            the step's autocast context and the scaler's scale).
+        update_bound: an update ratio |Δw|/|w| above this, in one step, is an exploding update (from step 0).
 
     Example:
         >>> with Monitor(model, opt, run_dir="runs/a", watch=["decoder"]) as mon:    # doctest: +SKIP
@@ -66,7 +72,7 @@ class Monitor:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                  run_dir: str | Path = "tensorprobe-run", *, watch: Iterable[str] = (), scaler: Any = None,
                  window: int = 50, every: int = 1, stop_on: Sequence[str] = (),
-                 diagnose: Callable[[], tuple[Any, Callable]] | None = None):
+                 diagnose: Callable[[], tuple[Any, Callable]] | None = None, update_bound: float = UPDATE_BOUND):
         if not isinstance(model, torch.nn.Module):
             raise InputError(f"Monitor needs a torch.nn.Module, got {type(model).__name__}")
         if window < 2 or every < 1:
@@ -81,7 +87,17 @@ class Monitor:
         self._collapse = OutputCollapse()
         self._frozen = FrozenWeights(patience=max(3, window // 5))
         self._updates = Jumps(window, "update ratio |Δw|/|w|", "exploding_update", None)
-        self._skips = SkippedSteps(window)
+        self._skips = SkippedSteps(window, scaler=scaler)
+        self._cross_updates = CrossLayer("exploding_update", update_bound, CROSS_LAYER, self._describe_update)
+        self._cross_grads = CrossLayer("exploding_gradient", None, CROSS_LAYER_GRAD, self._describe_grad)
+        self._dead = DeadGradients(patience=max(5, window // 5))
+        self._trend = LossTrend(window)
+        self._data_collapse = DataCollapse(patience=max(5, window // 5))
+        self._judged = {n for n, p in self.params if p.dim() >= 2}
+        self._numel = {n: p.numel() for n, p in self.params}
+        self._group_of = self._param_groups()
+        self._autocast: dict[str, Any] = {}
+        self._first_update_error: dict[str, Any] | None = None
         self._watched = self._watch(watch)
         self._outputs: dict[str, torch.Tensor] = {}
         self._grad_stats: dict[str, torch.Tensor] = {}
@@ -102,8 +118,14 @@ class Monitor:
         self.resume()
 
     # ---- the loop's one call ------------------------------------------------------------------------
-    def step(self, loss: torch.Tensor | float | None = None, **terms: torch.Tensor | float) -> list[dict[str, Any]]:
-        """Record this step (call after `backward()`, before `optimizer.step()`); return its findings."""
+    def step(self, loss: torch.Tensor | float | None = None, *, outputs: Any = None, targets: Any = None,
+             **terms: torch.Tensor | float) -> list[dict[str, Any]]:
+        """Record this step (call after `backward()`, before `optimizer.step()`); return its findings.
+
+        `outputs` and `targets`: the prediction and the target of a watched output (tensors, or dicts of them
+        by name): a prediction whose spread across batch and time stays below a tenth of its target's, and a
+        loss that stays at the cost of predicting the targets' mean, are collapses."""
+        data = _prediction_stats(outputs, targets)
         self._flush_pending()
         k = self.step_index
         self.step_index += 1
@@ -117,8 +139,17 @@ class Monitor:
         nonfinite = {n: int(c) for n, c in zip(named, values["nonfinite"]) if c}
         losses = dict(zip(scalars, values["scalars"]))
         outputs = values["outputs"]
-        found = (self._gradients.update(k, norms, nonfinite)
-                 + self._collapse.update(k, {m: s["std"] for m, s in outputs.items()}))
+        # with a scaler, an overflow is judged once we know whether the scaler skipped the step
+        judged_nonfinite = {} if self.scaler is not None else nonfinite
+        found = self._gradients.update(k, norms, judged_nonfinite)
+        for f in found:
+            if f["kind"] == "nonfinite_gradient":
+                self._explain_nonfinite(f, losses.get("loss"))
+        rms = {n: v / math.sqrt(self._numel[n]) for n, v in norms.items() if n in self._judged and n not in nonfinite}
+        found += self._cross_grads.update(k, rms)
+        found += self._dead.update(k, {n: norms.get(n, 0.0) for n, _ in self.params})
+        found += self._collapse.update(k, {m: s["std"] for m, s in outputs.items()})
+
         row: dict[str, Any] = {"step": k, "time": round(time.time(), 3), **losses}
         row.update({f"grad_norm/{n}": v for n, v in norms.items()})
         row.update({f"grad_absmax/{n}": v for n, v in absmax.items()})
@@ -128,24 +159,24 @@ class Monitor:
         if self.scaler is not None:
             row["scale"] = float(self.scaler.get_scale())
         for f in found:
-            if f["kind"] == "nonfinite_gradient" and self.diagnose is not None and not self._diagnosed:
-                self._diagnosed = True
-                f.update(self._origin())
-        self._pending = {"row": row, "norms": norms, "findings": found}
+            if f["kind"] == "nonfinite_gradient":
+                self._diagnose_once(f, row.get("scale"))
+        self._pending = {"row": row, "norms": norms, "findings": found, "nonfinite": nonfinite,
+                         "data": data, "scale": row.get("scale")}
         self._stepped = False
         for f in found:
             self._record(f)
-        for f in found:
-            if f["kind"] in self.stop_on:
-                self.close()
-                raise TrainingStopped(f)
+        self._stop_if_asked(found)
         return found
 
-    def add_loss(self, loss: torch.Tensor | float | None = None, **terms: torch.Tensor | float) -> None:
-        """Attach loss terms to the step recorded last, when they are known only after `step()` (a trainer
-        that hands out the loss at the end of the batch)."""
+    def add_loss(self, loss: torch.Tensor | float | None = None, *, outputs: Any = None, targets: Any = None,
+                 **terms: torch.Tensor | float) -> None:
+        """Attach loss terms (and a watched prediction with its target) to the step recorded last, when they
+        are known only after `step()` (a trainer that hands out the loss at the end of the batch)."""
         if self._pending is None:
             return
+        if outputs is not None:
+            self._pending["data"] = _prediction_stats(outputs, targets)
         for name, v in {"loss": loss, **{f"loss/{t}": v for t, v in terms.items()}}.items():
             if v is not None:
                 self._pending["row"][name] = float(v.detach().float()) if isinstance(v, torch.Tensor) else float(v)
@@ -161,6 +192,7 @@ class Monitor:
         if self._handles:
             return
         self._handles = [m.register_forward_hook(self._output_hook(name)) for name, m in self._watched]
+        self._handles.append(self.model.register_forward_pre_hook(self._note_autocast))
         # gradients as the backward made them, before a trainer's clipping rescales them (global-norm clipping
         # spreads one NaN to every parameter, and hides an explosion)
         self._handles += [p.register_post_accumulate_grad_hook(self._grad_hook(n)) for n, p in self.params]
@@ -170,7 +202,7 @@ class Monitor:
 
     def close(self) -> None:
         """Write the last row and close the files (also on `with` exit)."""
-        self._flush_pending()
+        self._flush_pending(closing=True)
         self.pause()
         self._writer.close()
 
@@ -247,6 +279,15 @@ class Monitor:
                 self._outputs[name] = torch.stack([x.mean(), x.std(), x.abs().amax(), (~finite).sum().float()])
         return hook
 
+    def _note_autocast(self, module, args) -> None:
+        """The autocast context the model's forward runs in, for a diagnosis re-run of the step."""
+        for device_type in ("cuda", "cpu"):
+            if torch.is_autocast_enabled(device_type):
+                self._autocast = {"enabled": True, "device_type": device_type,
+                                  "dtype": str(torch.get_autocast_dtype(device_type)).replace("torch.", "")}
+                return
+        self._autocast = {"enabled": False}
+
     def _before_update(self, optimizer, args, kwargs) -> None:
         self._before = self.updates.take(self.step_index - 1, [p for _, p in self.params])
 
@@ -256,48 +297,140 @@ class Monitor:
             return
         after = [p.detach() for _, p in self.params]
         deltas = torch._foreach_norm(torch._foreach_sub(after, self._before))
-        sizes = torch._foreach_norm(after)
-        ratio = (torch.stack(deltas).float() / torch.stack(sizes).float().clamp_min(1e-30)).cpu().tolist()
+        # against the norm before the step: a step that moves w 4x its size reads 4, not ~1
+        sizes = torch.maximum(torch.stack(torch._foreach_norm(self._before)).float(),
+                              1e-3 * torch.stack(torch._foreach_norm(after)).float())
+        ratio = (torch.stack(deltas).float() / sizes.clamp_min(1e-30)).cpu().tolist()
         self._ratios = {n: r for (n, _), r in zip(self.params, ratio)}
         self._before = None
 
-    def _flush_pending(self) -> None:
+    def _flush_pending(self, closing: bool = False) -> None:
         pending, self._pending = self._pending, None
         if pending is None:
             return
         row, k = pending["row"], pending["row"]["step"]
-        found = self._plateau.update(k, {n: v for n, v in row.items() if n == "loss" or n.startswith("loss/")})
+        losses = {n: v for n, v in row.items() if n == "loss" or n.startswith("loss/")}
+        found = self._plateau.update(k, losses)
+        skipped = None
         if self.optimizer is not None:
             skipped = not self._stepped
             row["skipped"] = skipped
-            found += self._skips.update(k, skipped)
+            scale = float(self.scaler.get_scale()) if self.scaler is not None else None
+            found += self._skips.update(k, skipped, scale)
             if self._ratios is not None and not skipped:
                 row.update({f"update_ratio/{n}": r for n, r in self._ratios.items()})
-                found += self._updates.update(k, self._ratios) + self._frozen.update(k, self._ratios, pending["norms"])
+                cross = self._cross_updates.update(k, {n: r for n, r in self._ratios.items() if n in self._judged})
+                if cross and self._first_update_error is None:
+                    self._first_update_error = cross[0]
+                found += (cross + self._updates.update(k, self._ratios)
+                          + self._frozen.update(k, self._ratios, pending["norms"]))
             self._ratios = None
+        if self.scaler is not None:
+            # an overflow the scaler skipped is its business (info above); one it let through is an error
+            let_through = pending["nonfinite"] if skipped is False else {}
+            nan = [f for f in self._gradients.update(k, {}, let_through) if f["kind"] == "nonfinite_gradient"]
+            for f in nan:
+                self._explain_nonfinite(f, as_float(row.get("loss")))
+                self._diagnose_once(f, pending["scale"])
+            found += nan
+        found += self._trend.update(k, {n: as_float(v) for n, v in losses.items()
+                                        if as_float(v) is not None}, skips=self._skips.in_window())
+        if pending["data"]:
+            found += self._data_collapse.update(k, pending["data"], as_float(row.get("loss")))
         for f in found:
             self._record(f)
         if k % self.every == 0 or pending["findings"] or found:
             self._writer.row(row)
+        if not closing:
+            self._stop_if_asked(found)
+
+    def _stop_if_asked(self, found: list[dict[str, Any]]) -> None:
+        for f in found:
+            if f["kind"] in self.stop_on:
+                self.close()
+                raise TrainingStopped(f)
+
+    def _param_groups(self) -> dict[str, int]:
+        if self.optimizer is None:
+            return {}
+        index = {id(p): i for i, g in enumerate(self.optimizer.param_groups) for p in g["params"]}
+        return {n: index[id(p)] for n, p in self.params if id(p) in index}
+
+    def _lr_words(self, name: str) -> str:
+        """"its group's lr is 200 against 0.01": the parameter's group and the other groups' lrs."""
+        if self.optimizer is None or name not in self._group_of:
+            return ""
+        groups = self.optimizer.param_groups
+        i = self._group_of[name]
+        lr = groups[i].get("lr")
+        others = sorted({g.get("lr") for j, g in enumerate(groups) if j != i and g.get("lr") is not None})
+        text = f": its param group {i} has lr {lr:.3g}"
+        if others:
+            text += " against " + ", ".join(f"{o:.3g}" for o in others) + " in the other groups"
+        return text
+
+    def _describe_update(self, name: str, value: float, ref: float | None) -> str:
+        vs = f", {value / ref:,.0f}x the median layer ({ref:.2g})" if ref else ""
+        return (f"{name} moves {value:.3g}x its norm per step{vs}{self._lr_words(name)}; a healthy step moves "
+                "1e-4..1e-2 of it: lower that group's lr (or warm it up), clip the gradients")
+
+    def _describe_grad(self, name: str, value: float, ref: float | None) -> str:
+        return (f"the gradient of {name} is {value:.3g} per element (RMS), {value / ref:,.0f}x the median layer "
+                f"({ref:.2g}){self._lr_words(name)}: a loss term or an op that scales this layer's gradient "
+                "(clip the gradients, check the loss weights)")
+
+    def _explain_nonfinite(self, f: dict[str, Any], loss: float | None) -> None:
+        f.update(self._what_came_first(loss))
+        f["message"] = f["message"].replace("; later steps", f"; {f['cause']}; later steps")
+
+    def _what_came_first(self, loss: float | None) -> dict[str, Any]:
+        """Which came first: an update that blew up, a non-finite loss (the forward), or the backward."""
+        first = self._first_update_error
+        if first is not None:
+            return {"came_first": "update", "cause": f"after an update blew up at step {first['step']}: "
+                                                      f"{first['message']}"}
+        if loss is not None and not math.isfinite(loss):
+            return {"came_first": "loss", "cause": "the loss itself is non-finite: the forward (or the loss) made "
+                                                   "it, not the backward (tensorprobe nan finds the op)"}
+        return {"came_first": "backward", "cause": "the loss is finite and no update blew up before: the backward "
+                                                   "made it (Monitor(diagnose=...) or nan --backward names the op)"}
+
+    def _diagnose_once(self, f: dict[str, Any], scale: float | None) -> None:
+        if self.diagnose is not None and not self._diagnosed:
+            self._diagnosed = True
+            f.update(self._origin(scale))
 
     def _record(self, f: dict[str, Any]) -> None:
         self.findings.append(f)
         self._writer.finding(f)
 
-    def _origin(self) -> dict[str, Any]:
-        """Run this step again in backward-NaN mode: the op where the non-finite gradient is born."""
+    def _origin(self, scale: float | None = None) -> dict[str, Any]:
+        """Run this step again in backward-NaN mode, under the autocast context the step's forward ran in and
+        with the loss scaled as the scaler scaled it: the op where the non-finite gradient is born."""
         from ..nan.backward import find_first_nonfinite_backward
 
+        context = dict(self._autocast)
         self.pause()            # the re-run's gradients and outputs are not this step's
         try:
             inputs, loss_fn, *call = self.diagnose()
-            origin = find_first_nonfinite_backward(self.model, inputs, loss_fn, call=call[0] if call else None)
+            scaled = loss_fn if not scale else (lambda out: loss_fn(out) * scale)
+            with _autocast_like(context):
+                origin = find_first_nonfinite_backward(self.model, inputs, scaled, call=call[0] if call else None)
         except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not stop the training it watches
-            return {"origin": None, "origin_error": f"{type(e).__name__}: {e}"}
+            return {"origin": None, "origin_error": f"{type(e).__name__}: {e}", "origin_context": context}
         finally:
             self.resume()
-        return {"origin": origin.to_dict() if origin.found else None,
-                "origin_headline": origin.headline(), "origin_record": origin.record}
+        out = {"origin": origin.to_dict() if origin.found else None, "origin_context": context,
+               "origin_headline": origin.headline(), "origin_record": origin.record}
+        if not origin.found:
+            where = (f"autocast {context['dtype']} on {context['device_type']}" if context.get("enabled")
+                     else "no autocast")
+            out["origin_headline"] = (
+                f"the re-run did not reproduce the non-finite gradient (it ran with {where}"
+                f"{f', loss scaled by {scale:g}' if scale else ''}): the step's context differs; return "
+                "(inputs, loss_fn, call) from diagnose= with call running the model as the loop does (its "
+                "torch.autocast, dtype, train/eval mode, the same batch and random state)")
+        return out
 
     def _resume(self) -> int:
         """The next step index, with the detectors' history refilled from the run directory's last rows."""
@@ -329,3 +462,85 @@ def _grad_stats(g: torch.Tensor) -> torch.Tensor:
 
 def _count_nonfinite(g: torch.Tensor | None) -> int:
     return 0 if g is None else int((~torch.isfinite(g.detach())).sum())
+
+
+def _autocast_like(context: dict[str, Any]):
+    if not context.get("enabled"):
+        return _nullcontext()
+    return torch.autocast(context["device_type"], dtype=getattr(torch, context["dtype"]))
+
+
+def _nullcontext():
+    import contextlib
+    return contextlib.nullcontext()
+
+
+def _named(x: Any, default: str) -> dict[str, torch.Tensor]:
+    if x is None:
+        return {}
+    if isinstance(x, torch.Tensor):
+        return {default: x}
+    if isinstance(x, dict):
+        return {str(k): v for k, v in x.items() if isinstance(v, torch.Tensor)}
+    if isinstance(x, (list, tuple)):
+        return {f"{default}.{i}": v for i, v in enumerate(x) if isinstance(v, torch.Tensor)}
+    raise InputError(f"Monitor.step outputs=/targets=: a tensor, or a dict or list of tensors, not {type(x).__name__}")
+
+
+def _spreads(x: torch.Tensor) -> list[torch.Tensor]:
+    """The spread of x across batch and time, per channel (RMS over channels), for each place the channel
+    axis may have ((B, C, T) or (B, T, C)): a prediction that outputs each channel's mean has ~0 spread."""
+    x = x.detach().float()
+    if x.dim() < 3:
+        return [x.std() if x.numel() > 1 else x.new_zeros(())]
+    out = []
+    for axis in (1, x.dim() - 1):
+        per_channel = x.movedim(axis, 0).reshape(x.shape[axis], -1)
+        out.append(per_channel.var(dim=1).mean().sqrt())
+    return out
+
+
+def _mean_costs(t: torch.Tensor) -> list[torch.Tensor]:
+    """What an MSE or L1 loss costs a model that predicts the targets' mean (overall, and per channel)."""
+    t = t.detach().float()
+    costs = [(t - t.mean()).pow(2).mean(), (t - t.median()).abs().mean()]
+    if t.dim() >= 3:
+        for axis in (1, t.dim() - 1):
+            c = t.movedim(axis, 0).reshape(t.shape[axis], -1)
+            costs.append((c - c.mean(1, keepdim=True)).pow(2).mean())
+    return costs
+
+
+def _prediction_stats(outputs: Any, targets: Any) -> dict[str, dict[str, Any]]:
+    """Per watched prediction: its spread, its target's, and the loss a mean-predicting model would have
+    (one host copy)."""
+    preds = _named(outputs, "output")
+    trues = _named(targets, "output")
+    if not preds:
+        return {}
+    if trues and set(trues) != set(preds):
+        if len(trues) == len(preds) == 1:
+            trues = {next(iter(preds)): next(iter(trues.values()))}
+        else:
+            raise InputError(f"Monitor.step: outputs {sorted(preds)} and targets {sorted(trues)} name different "
+                             "predictions")
+    layout, flat = [], []
+    for name, p in preds.items():
+        ps = _spreads(p)
+        t = trues.get(name)
+        ts = _spreads(t) if t is not None else []
+        costs = _mean_costs(t) if t is not None else []
+        layout.append((name, len(ps), len(ts), len(costs)))
+        flat += ps + ts + costs
+    values = torch.stack([v.to(flat[0].device) for v in flat]).cpu().tolist()
+    out, i = {}, 0
+    for name, n_p, n_t, n_c in layout:
+        ps, ts, cs = values[i:i + n_p], values[i + n_p:i + n_p + n_t], values[i + n_p + n_t:i + n_p + n_t + n_c]
+        i += n_p + n_t + n_c
+        if ts:
+            # the layout where the prediction is flattest against its target is the one that shows a collapse
+            k = min(range(len(ps)), key=lambda j: ps[j] / max(ts[j], 1e-30))
+            out[name] = {"spread": ps[k], "target_spread": ts[k], "mean_baselines": cs}
+        else:
+            out[name] = {"spread": min(ps)}
+    return out
