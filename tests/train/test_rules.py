@@ -335,3 +335,30 @@ def test_clean_runs_have_no_alarm(tmp_path, case):
     assert alarms(mon) == [], name
     losses = [r for r in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
     assert len(losses) == steps
+
+
+def test_a_diagnosis_rerun_uses_the_steps_autocast_and_says_when_it_does_not_reproduce(tmp_path):
+    """The loop poisons the loss of step 3 (outside the model): the re-run, under the same bfloat16 autocast,
+    cannot reproduce it and says so and how to pass the step's context."""
+    model = Stack()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    state = {}
+
+    def data(k):
+        state["batch"] = frames()(k)
+        return state["batch"]
+
+    def poisoned(pred, y):
+        state["k"] = state.get("k", -1) + 1
+        return F.mse_loss(pred, y) * (torch.tensor(float("inf")) if state["k"] == 3 else 1.0)
+
+    def diagnose():
+        x, y = state["batch"]
+        return (x,), lambda pred: F.mse_loss(pred.float(), y)
+
+    mon = train(tmp_path, model, opt, data, 6, autocast=torch.bfloat16, loss_fn=poisoned, diagnose=diagnose)
+    nan = next(f for f in mon.findings if f["kind"] == "nonfinite_gradient")
+    assert nan["step"] == 3 and nan["came_first"] == "loss"
+    assert nan["origin_context"] == {"enabled": True, "device_type": "cpu", "dtype": "bfloat16"}
+    assert nan["origin"] is None and "did not reproduce" in nan["origin_headline"]
+    assert "autocast bfloat16 on cpu" in nan["origin_headline"]
