@@ -49,8 +49,7 @@ def test_clean_run_has_no_finding_and_rows_read_with_pandas(tmp_path):
     rows = pd.read_json(tmp_path / "run" / "steps.jsonl", lines=True)
     assert len(rows) == STEPS and rows["step"].tolist() == list(range(STEPS))
     assert rows["loss"].iloc[-1] < 0.5 * rows["loss"].iloc[0]                       # it did learn
-    ratios = rows["update_ratio/decoder.weight"].dropna()      # measured on sampled steps (monitor.updates)
-    assert len(ratios) == 20 + (STEPS - 20 + 9) // 10 and (ratios > 0).all() and "out_std/decoder" in rows
+    assert (rows["update_ratio/decoder.weight"] > 0).all() and "out_std/decoder" in rows
     assert not summarize(tmp_path / "run").finding
 
 

@@ -11,7 +11,7 @@
 Each step costs two reading passes over each gradient (its L2 norm and `aminmax`, taken by a post-accumulate
 hook as the backward makes it, before any clipping) and one device-to-host copy of all the figures; with an
 optimizer, the update ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`: into buffers
-reused from step to step, on every step of the first 20 and every 10th after (`monitor.updates.every`). Watched modules add
+reused from step to step (every step; `monitor.updates.every = 10` samples them). Watched modules add
 four reductions of their output per forward.
 """
 
@@ -102,7 +102,7 @@ class Monitor:
         self._outputs: dict[str, torch.Tensor] = {}
         self._grad_stats: dict[str, torch.Tensor] = {}
         self._handles: list[Any] = []
-        # the weights before an optimizer step, in reused buffers, on sampled steps (`updates.every`, after
+        # the weights before an optimizer step, in reused buffers; sampled with `updates.every` (after
         # `updates.warmup` steps measured one by one): |Δw| is exact where measured, absent between
         self.updates = WeightSnapshot()
         self._before: list[torch.Tensor] | None = None

@@ -5,8 +5,10 @@ Adam's step depends on its moments, weight decay, clipping, a GradScaler's skip)
 
 - into buffers allocated once and reused (`torch._foreach_copy_`): a fresh `clone()` each step costs an
   allocation and, on CPU, a page fault per 4 KiB touched, ~2x the copy itself on a 50M-parameter model;
-- on sampled steps only: every step of the first `warmup` (an lr typo shows from step 0), then every
-  `every`-th. The ratios of the sampled steps are exact; the steps between are not measured (no row value).
+- on every step by default; with `every=k` on sampled steps only: every step of the first `warmup` (an lr
+  typo shows from step 0), then every k-th. The ratios of the sampled steps are exact; the steps between are
+  not measured (no row value), and the rules that compare a ratio with its own history then look further
+  back (a median over 50 sampled steps spans 500 steps at k=10).
 
 The buffers hold one copy of the trainable weights for the run (the same peak memory as a per-step clone).
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-UPDATE_EVERY = 10       # after the warm-up, the update ratio is measured every this many steps
+UPDATE_EVERY = 1        # after the warm-up, measured every this many steps (10: ~1/10 of the copies; the
+                        # history-based rules then compare with a longer span of the run)
 UPDATE_WARMUP = 20      # steps measured one by one at the start
 
 
