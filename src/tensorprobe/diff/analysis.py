@@ -36,6 +36,7 @@ from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STA
 
 TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
 MAX_AMPLIFIERS = 10
+MATCH_SUGGESTED = "rule (suggested)"   # a weight paired by the rename rules diff offers, not by the user
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
 INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own
 # Ops whose amplification depends on their input's values (statistics of the input are needed to bound it).
@@ -66,6 +67,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                        noise=noise, reduced=reduced, draws=draws, unread=unread, swapped=findings)
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
+    forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
     notes = list(notes) + ([graph_note] if graph_note else [])
     failing = [p for p in forward if p.failed]
     declared = declared_outputs(getattr(ref_bundle, "manifest", None) or {})   # the graph's output order
@@ -94,6 +96,12 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     renames = suggest_renames(ref_bundle, cand_bundle, results, ref_only, cand_only)
     w_ref_only, ref_only = _split_weights(ref_only, ref_bundle)
     w_cand_only, cand_only = _split_weights(cand_only, cand_bundle)
+    renamed = weights_by_suggestion(renames.rules if renames else (), w_ref_only, w_cand_only, ref_bundle,
+                                    cand_bundle, criteria)
+    if renamed:    # a renamed weight that differs is a finding, not an unpaired record: never a match over it
+        weights = sorted(weights + renamed, key=lambda p: p.order)
+        w_ref_only = [n for n in w_ref_only if n not in {p.name for p in renamed}]
+        w_cand_only = [n for n in w_cand_only if n not in {p.cand_name for p in renamed}]
     levels = level_mismatch(ref_bundle, cand_bundle, forward, ref_only, cand_only)
     report = DiffReport(ref=ref, cand=cand, criteria=criteria, pairs=tuple(forward), ref_only=tuple(ref_only),
                         cand_only=tuple(cand_only), first_divergence=first.name if first else None,
@@ -130,6 +138,27 @@ def level_mismatch(ref_bundle: Any, cand_bundle: Any, forward: Sequence[PairResu
 def _capture_level(bundle: Any) -> str | None:
     manifest = getattr(bundle, "manifest", None) or {}
     return (manifest.get("capture") or {}).get("level")
+
+
+def weights_by_suggestion(rules: Sequence[str], ref_only: Sequence[str], cand_only: Sequence[str], ref_bundle: Any,
+                          cand_bundle: Any, criteria: Criteria) -> list[PairResult]:
+    """The unpaired weights that the suggested rename rules pair, compared (match "rule (suggested)"). Weights
+    with the same content already pair by digest, so these are the renamed weights whose content differs: a
+    weight bug in a renamed block, which the model output may hide (a norm after it cancels a scale)."""
+    from .align import Pair, parse_rule
+    from .core import compare_pair
+    if not rules or not ref_only or not cand_only:
+        return []
+    parsed = [parse_rule(r) for r in rules]
+    refs = set(ref_only)
+    out = []
+    for c in cand_only:
+        name = next((n for rule in parsed if (n := rule.apply(c)) is not None), None)
+        rr, cr = ref_bundle.get(name) if name in refs else None, cand_bundle.get(c)
+        if rr is not None and cr is not None:
+            refs.discard(name)
+            out.append(compare_pair(ref_bundle, cand_bundle, Pair(rr, cr, MATCH_SUGGESTED), criteria))
+    return out
 
 
 def _split_weights(names: list[str], bundle: Any) -> tuple[list[str], list[str]]:
@@ -504,7 +533,7 @@ def _promote_amplifiers(results: list[PairResult], by_name: dict[str, Record]) -
         if p.name in sources and not p.failed and not flips:   # an angle's flips are told at its consumer
             rec = by_name.get(p.name)
             ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
-            words = explain(rec, ins, p.gain, p.input_rel_err, p.rel_err) if rec is not None else None
+            words = _explained(p, rec, ins, by_name, p.input_rel_err, p.rel_err) if rec is not None else None
             p = replace(p, status=STATUS_FAIL, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words, reasons=(
                 f"relative error {p.rel_err:.3g} is within its own rounding noise, but the error it passes on "
                 f"makes {sources[p.name]} diverge",))
@@ -583,7 +612,7 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
             # it carries less relative error than its input: the amplification happened in that input
             return replace(p, cause=CAUSE_AMPLIFIED, origin=src.name)
         flips = int(p.metrics.get("mismatches") or 0) if p.method == METHOD_EXACT else None
-        words = explain(rec, ins, p.gain, e_in, e, flips) if rec is not None else None
+        words = _explained(p, rec, ins, by_name, e_in, e, flips) if rec is not None else None
         return replace(p, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words)
     if src.cause == CAUSE_RANDOM:
         return replace(p, cause=CAUSE_RANDOM, origin=src.origin)
@@ -664,9 +693,81 @@ def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str,
             rec = by_name[p.name]
             ins = [by_name[i] for i in rec.inputs if i in by_name]
             flips = int(p.metrics.get("mismatches") or 0) if p.method == METHOD_EXACT else None
-            words = explain(rec, ins, p.gain, p.input_rel_err, p.rel_err, flips)
+            words = _explained(p, rec, ins, by_name, p.input_rel_err, p.rel_err, flips)
         out.append(Amplifier(p.name, p.op, p.gain, p.input_rel_err, p.rel_err, words))
     return out
+
+
+SPECTRAL_MIN_SAMPLES = 2048   # a waveform long enough for a few STFT frames
+
+
+def with_spectral_magnitude(p: PairResult, ref_bundle: Any, cand_bundle: Any) -> PairResult:
+    """A failing model output that is a waveform (one float signal) gets the STFT magnitude comparison too
+    (metrics `spec_mag_rel_err`, `log_spec_corr`): a sine source whose phase drifts changes the waveform but not
+    what is heard, and the summary says which it is (issue 29)."""
+    if (p.kind != KIND_MODEL_OUTPUT or not p.failed or p.method != METHOD_ELEMENTWISE or ref_bundle is None
+            or cand_bundle is None or "spec_mag_rel_err" in p.metrics):
+        return p
+    try:
+        ref, cand = ref_bundle.numpy(p.name), cand_bundle.numpy(p.cand_name)
+    except Exception:   # noqa: BLE001 — a tensor that cannot be read is judged elsewhere; no note then
+        return p
+    figures = spectral_magnitude(ref, cand)
+    return replace(p, metrics={**p.metrics, **figures}) if figures else p
+
+
+def spectral_magnitude(ref: Any, cand: Any) -> dict[str, float]:
+    """{'spec_mag_rel_err': relative L2 error of the STFT magnitudes, 'log_spec_corr': correlation of the
+    log-magnitudes}, of two waveforms of the same shape (a single signal: [T], [1, T], [1, 1, T]); {} otherwise."""
+    import numpy as np
+    r, c = np.asarray(ref, dtype=np.float64), np.asarray(cand, dtype=np.float64)
+    if r.shape != c.shape or r.size < SPECTRAL_MIN_SAMPLES or max(r.shape) != r.size:
+        return {}
+    r, c = r.reshape(-1), c.reshape(-1)
+    if not (np.isfinite(r).all() and np.isfinite(c).all()):
+        return {}
+    n_fft = min(1024, 1 << int(np.log2(r.size // 4)))
+    mr, mc = _stft_magnitude(r, n_fft), _stft_magnitude(c, n_fft)
+    norm = float(np.linalg.norm(mr))
+    if norm == 0.0:
+        return {}
+    floor = 1e-6 * float(mr.max())
+    lr, lc = np.log(mr + floor).ravel(), np.log(mc + floor).ravel()
+    corr = float(np.corrcoef(lr, lc)[0, 1]) if lr.std() > 0 and lc.std() > 0 else 1.0
+    return {"spec_mag_rel_err": float(np.linalg.norm(mc - mr)) / norm, "log_spec_corr": corr}
+
+
+def _stft_magnitude(x: Any, n_fft: int) -> Any:
+    import numpy as np
+    hop = n_fft // 4
+    frames = np.lib.stride_tricks.sliding_window_view(x, n_fft)[::hop]
+    return np.abs(np.fft.rfft(frames * np.hanning(n_fft), axis=-1))
+
+
+def _explained(p: PairResult, rec: Record, ins: list[Record], by_name: dict[str, Record], e_in: float | None,
+               e: float | None, flips: int | None = None) -> str | None:
+    """`explain` for pair `p`, with the running sum behind a sin/cos and how far its output decorrelates."""
+    acc = _accumulator(rec, by_name) if family(rec.op) == "sin" else None
+    return explain(rec, ins, p.gain, e_in, e, flips, accumulator=acc, corr=p.metric("pearson"))
+
+
+def _accumulator(rec: Record, by_name: dict[str, Record], depth: int = 6) -> Record | None:
+    """The running sum (cumsum) a sin/cos's phase comes from, a few data ops upstream (a scale by 2π, an
+    interpolation between them), or None."""
+    seen, frontier = set(), [rec]
+    for _ in range(depth):
+        nxt = []
+        for r in frontier:
+            for i in r.inputs:
+                src = by_name.get(i)
+                if src is None or i in seen or src.kind in WEIGHT_KINDS:
+                    continue
+                if "cumsum" in src.op.lower():
+                    return src
+                seen.add(i)
+                nxt.append(src)
+        frontier = nxt
+    return None
 
 
 def model_output(results: list[PairResult], declared: Sequence[str] = ()) -> PairResult | None:

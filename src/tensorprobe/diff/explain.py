@@ -196,8 +196,11 @@ def _near_zero_gain(s: object) -> float:
 
 
 def explain(rec: Record, inputs: Sequence[Record], gain: float | None, in_err: float | None,
-            out_err: float | None, flips: int | None = None) -> str | None:
-    """A sentence on why `rec` amplifies error, when its op and the statistics support one."""
+            out_err: float | None, flips: int | None = None, *, accumulator: Record | None = None,
+            corr: float | None = None) -> str | None:
+    """A sentence on why `rec` amplifies error, when its op and the statistics support one. `accumulator`: the
+    running sum (cumsum) upstream of a sin/cos, which integrates its input into the phase; `corr`: the correlation
+    of `rec`'s output with the reference's (how far a sin decorrelates)."""
     fam = family(rec.op)
     data = [i for i in inputs if i.kind not in ("param", "buffer")] or list(inputs)
     g = f"x{gain:,.3g}" if gain is not None and math.isfinite(gain) else "unbounded"
@@ -214,9 +217,11 @@ def explain(rec: Record, inputs: Sequence[Record], gain: float | None, in_err: f
         phase_err = (in_err or 0.0) * rx
         verdict = (" — the phase is effectively random there" if phase_err > math.pi / 4 else
                    " — the waveform's phase drifts" if phase_err > 1e-3 else "")
-        return (f"phase accumulation into {_op(rec)}: its input (the phase, {data[0].name}) reaches "
+        by = (f", integrated by {_op(accumulator)} ({accumulator.name})" if accumulator is not None else "")
+        dec = f", and {_op(rec)} decorrelates (correlation {corr:.2g})" if corr is not None and corr < 0.99 else ""
+        return (f"phase accumulation into {_op(rec)}: its input (the phase, {data[0].name}{by}) reaches "
                 f"{_g(x.absmax)} rad (rms {_g(rx)}); a relative error of {_e(in_err)} there is ~{_g(phase_err)} rad "
-                f"of absolute phase error, which {_op(rec)} turns into a relative error of {_e(out_err)} ({g}){verdict}. "
+                f"of absolute phase error{dec}: a relative error of {_e(out_err)} ({g}){verdict}. "
                 "Accumulate the phase in float64 or wrap it (mod 2π) before it grows")
     if fam == "exp":
         return (f"{_op(rec)} of arguments up to {_g(x.absmax)}: a relative error e of the argument becomes a "

@@ -14,6 +14,7 @@ import math
 
 from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
 from .evidence import CAND_ONLY, NOT_COMPARED, UNPAIRED, made_in
+from .analysis import MATCH_SUGGESTED
 from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
@@ -184,6 +185,8 @@ def _weights_words(r: DiffReport) -> str:
     more = f", and {len(bad) - 1} more" if len(bad) > 1 else ""
     how = f"a buffer, {how}" if first.kind == KIND_BUFFER else how
     text = f"Weights differ: {first.name} ({how}){more}."
+    if any(w.match == MATCH_SUGGESTED for w in bad):   # unpaired by name: the rename offered above pairs them
+        text += " They pair only by the rename suggested above; the outputs alone need not show such a bug."
     div = r.get(r.first_divergence)
     if div is not None and div.kind != KIND_MODEL_INPUT:
         users = {w.module for w in bad}
@@ -305,8 +308,24 @@ def _output_words(r: DiffReport, first: PairResult) -> str:
         if all(o.cause == CAUSE_RANDOM for o in failing):
             by = (" — random draws differ too, so replay them (--replay-rng) to tell noise from this error"
                   if _port_error(r) else " — by random noise, not by the port")
-        return f" The divergence persists to the output{'s' if len(failing) > 1 else ''}{by}: {listed}."
+        return (f" The divergence persists to the output{'s' if len(failing) > 1 else ''}{by}: {listed}."
+                + "".join(_spectral_words(o) for o in failing))
     return f" The error recovers: the output{'s pass' if len(outs) > 1 else ' passes'}: {listed}."
+
+
+SPECTRAL_MATCH_ERR = 0.1    # STFT magnitudes within 10% (about -20 dB of difference): the same sound
+
+
+def _spectral_words(o: PairResult) -> str:
+    """Whether a failing waveform output differs by phase only: its STFT magnitude against the reference's."""
+    err, corr = o.metric("spec_mag_rel_err"), o.metric("log_spec_corr")
+    if err is None or corr is None:
+        return ""
+    figures = f"magnitude error {err:.2g}, log-spectrogram correlation {corr:.3f}"
+    if err <= SPECTRAL_MATCH_ERR:
+        return (f" The waveform of {o.name} differs but its spectral magnitude matches ({figures}): the phase "
+                "differs (an oscillator's phase drifts), not the spectrum; judge it by ear with `tensorprobe audio diff`.")
+    return f" The spectral magnitude of {o.name} differs too ({figures}): not a difference of phase alone."
 
 
 def _listed_outputs(shown: list[PairResult], outs: list[PairResult]) -> str:

@@ -1,0 +1,115 @@
+"""Issue 29 items 2-3 on the real Kokoro-82M decoder (the `kokoro` package's code, seeded weights): a small F0
+error is amplified by the sine source's phase accumulation (cumsum, then sin) and that is what diff names, with
+figures; its exact twin claims no amplifier. A weight bug in a renamed block is never a match, while the faithful
+rename stays one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import tensorprobe as tp
+
+pytestmark = pytest.mark.slow
+
+SECONDS = 0.1
+SINE = "generator.m_source.l_sin_gen/sin.0"
+
+
+def _capture(model, inputs, out, level, hook=None):
+    handle = model.generator.f0_upsamp.register_forward_hook(hook) if hook is not None else None
+    torch.manual_seed(0)   # the source draws noise: the same draws on both runs
+    try:
+        return tp.capture(model, *inputs, level=level, keep="full", out=out)
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+@pytest.fixture(scope="module")
+def sine_ports(kokoro, tmp_path_factory):
+    """Op-level captures of the decoder with its sine source on: the reference, a port whose upsampled F0 is
+    off by 0.1% (a float16 or int8 F0 path errs by that much), and an exact twin (the same hook, factor 1)."""
+    root = tmp_path_factory.mktemp("sine")
+    model = kokoro.build_decoder(stable_source=False)
+    inputs = kokoro.decoder_inputs(SECONDS, voiced=True)
+    ref = _capture(model, inputs, root / "ref", "op")
+    off = _capture(model, inputs, root / "off", "op", lambda m, a, o: o * 1.001)
+    exact = _capture(model, inputs, root / "exact", "op", lambda m, a, o: o * 1.0)
+    return ref, off, exact
+
+
+def test_a_small_f0_error_names_the_phase_accumulation_with_figures(sine_ports):
+    ref, off, _ = sine_ports
+    r = tp.diff(ref, off)
+    amp = r.strongest_amplifier
+    assert r.verdict == "diverged" and amp is not None and amp.name == SINE, r.summary
+    assert amp.gain > 100 and amp.input_rel_err == pytest.approx(1e-3, rel=0.05)
+    words = amp.explanation
+    assert "phase accumulation" in words and "cumsum" in words and "rad" in words and "decorrelates" in words
+    assert f"Strongest amplifier: {SINE}" in r.summary
+    out = r.get(r.output)
+    assert out.failed and any("output criterion" in x for x in out.reasons), r.summary
+    assert "output passes" not in r.summary
+
+
+def test_the_exact_twin_claims_no_amplifier(sine_ports):
+    ref, _, exact = sine_ports
+    r = tp.diff(ref, exact)
+    assert r.verdict == "match", r.summary
+    assert not r.amplifiers and "amplifier" not in r.summary
+
+
+def _renamed_decoder(decoder, bug: bool):
+    """The decoder whose `decode` list is called `blocks` (a port's own naming), optionally with a 1% weight-norm
+    magnitude error in blocks.1.conv1."""
+    base = type(decoder)
+
+    class Blocks(base):
+        def forward(self, asr, F0_curve, N, s):   # Decoder.forward with self.decode renamed self.blocks
+            F0 = self.F0_conv(F0_curve.unsqueeze(1))
+            N = self.N_conv(N.unsqueeze(1))
+            x = self.encode(torch.cat([asr, F0, N], axis=1), s)
+            asr_res, res = self.asr_res(asr), True
+            for block in self.blocks:
+                if res:
+                    x = torch.cat([x, asr_res, F0, N], axis=1)
+                x = block(x, s)
+                res = res and block.upsample_type == "none"
+            return self.generator(x, s, F0_curve)
+
+    model = copy.deepcopy(decoder)
+    if bug:
+        with torch.no_grad():
+            model.decode[1].conv1.weight_g.mul_(1.01)
+    model.__class__ = Blocks
+    model.blocks = model._modules.pop("decode")
+    return model
+
+
+@pytest.fixture(scope="module")
+def renamed_ports(kokoro, tmp_path_factory):
+    root = tmp_path_factory.mktemp("renamed")
+    model = kokoro.build_decoder()
+    inputs = kokoro.decoder_inputs(SECONDS)
+    ref = _capture(model, inputs, root / "ref", "module")
+    bug = _capture(_renamed_decoder(model, True), inputs, root / "bug", "module")
+    same = _capture(_renamed_decoder(model, False), inputs, root / "same", "module")
+    return ref, bug, same
+
+
+def test_a_weight_bug_in_a_renamed_block_is_not_a_match(renamed_ports):
+    ref, bug, _ = renamed_ports
+    r = tp.diff(ref, bug)      # no --map: the renamed block's records are unpaired
+    assert r.verdict == "diverged", r.summary
+    assert {w.name for w in r.weights_differ} == {"decode.1.conv1.weight_g", "decode.1.conv1.weight"}
+    assert "Weights differ: decode.1.conv1.weight" in r.summary and "rename suggested" in r.summary
+
+
+def test_the_faithful_rename_stays_a_match(renamed_ports):
+    ref, _, same = renamed_ports
+    r = tp.diff(ref, same)
+    assert r.verdict == "match", r.summary
+    assert not r.weights_differ and "try --map" in r.summary
