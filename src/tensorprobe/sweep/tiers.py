@@ -159,12 +159,17 @@ def _audio_checks(out: "_Judged", sample_rate: float) -> tuple[dict[str, Any], l
 
     ref = audio.check(out.reference.squeeze(), sample_rate, source="reference output")
     cand = audio.check(out.candidate.squeeze(), sample_rate, source="candidate output")
-    props = [{"code": f"audio.{v.check}", "text": f"audio {v.check}: the outputs agree within float32 rounding "
-                                                  f"and the reference's output sits at the same place "
-                                                  f"({ref.verdict(v.check).message})"} for v in cand.errors]
+    props = [{"code": f"audio.{v.check}", "text": _shared_words(v.check, ref.verdict(v.check))} for v in cand.errors]
     return {"check": cand.status, "reference_check": ref.status, "problems": [],
             "model_problems": [v.check for v in cand.errors], "diff": None,
             "diff_skipped": "the outputs agree within float32 rounding (tier 1)", "finding": False}, props
+
+
+def _shared_words(check: str, ref_verdict: Any) -> str:
+    """Why a check the candidate fails is the model's: the reference fails it too, or sits at its threshold."""
+    where = ("the reference's output fails the same check" if ref_verdict.status == "error"
+             else "the reference's output sits at the same place")
+    return f"audio {check}: {where} and the outputs agree within float32 rounding ({ref_verdict.message})"
 
 
 @dataclass(frozen=True)
