@@ -51,6 +51,16 @@ TAG_QUANTIZED = "quantized"
 # Tag prefix of a weight dequantised from integers, followed by its largest quantisation step (the scale):
 # rounding to that step is what the conversion explains.
 TAG_QSTEP = "qstep:"
+# Tag of a runtime record holding integer units or quantization parameters (a uint8 tensor, an int32 accumulator
+# or its Cast to float, a scale, a zero point): no float reference value holds these, so `diff` never compares them
+# with one; the reference value meets the rescaled float value computed from them (tag `rescaled:`).
+TAG_INTEGER_DOMAIN = "integer_domain"
+# Tag prefix of a runtime record that is the float result of quantized arithmetic (the Mul of an integer result by
+# its scales, the bias Add after it), followed by the float op it stands for: "rescaled:Conv".
+TAG_RESCALED = "rescaled:"
+# Tag prefix of a quantized record, followed by where its quantization parameters are:
+# "quant:act=<record>;scale=<record or number>;weight=<record>" (`runtimes.onnxruntime.quant`).
+TAG_QUANT = "quant:"
 # Tag prefix of a runtime record that stands for another value of its graph, followed by that value's runtime
 # name: in a QDQ model the DequantizeLinear after a QuantizeLinear of v is what v's consumers see, so `diff`
 # pairs it with the reference's v.

@@ -69,15 +69,19 @@ def test_order_never_pairs_a_random_draw_with_a_computed_value(make_bundle):
 
 def test_order_keeps_module_outputs_and_op_outputs_apart(make_bundle):
     """Against an op-level reference, a runtime's module tap (`enc.norm`, the module's output) has no exact
-    name; by order alone it took the module's first op. It pairs with nothing rather than the wrong op."""
+    name; by order alone it took the module's first op. It meets the op that ends the module's call (its value
+    is the module's output), never the first op."""
     x = torch.randn(1, 4, 10)
     ref = make_bundle([("enc.norm/mul.0", x * 2, {"module": "enc.norm", "op": "aten.mul.Tensor"}),
                        ("enc.norm/add.0", x * 2 + 1, {"module": "enc.norm", "op": "aten.add.Tensor"})])
     cand = make_bundle([("enc.norm", x * 2 + 1, {"module": "enc.norm", "op": "executorch.output"}),
                         ("enc.norm/mul_out.0", x * 2, {"module": "enc.norm", "op": "aten.mul.out"})])
     a = align(ref, cand)
-    assert [(p.ref.name, p.cand.name) for p in a.pairs] == [("enc.norm/mul.0", "enc.norm/mul_out.0")]
-    assert [c.name for c in a.cand_only] == ["enc.norm"]
+    assert sorted((p.ref.name, p.cand.name) for p in a.pairs) == [("enc.norm/add.0", "enc.norm"),
+                                                                  ("enc.norm/mul.0", "enc.norm/mul_out.0")]
+    assert not a.cand_only
+    tap_only = make_bundle([("enc.norm", x * 2 + 1, {"module": "enc.norm", "op": "executorch.output"})])
+    assert [(p.ref.name, p.cand.name) for p in align(ref, tap_only).pairs] == [("enc.norm/add.0", "enc.norm")]
 
 
 def test_shape_mismatch_is_a_finding_not_a_crash(make_bundle):

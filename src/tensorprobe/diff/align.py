@@ -6,10 +6,17 @@ Three passes, each over what the previous one left unmatched:
    the same model lines up by itself;
 2. **mapping rules** — regex pairs that rewrite a *candidate* name into the *reference* namespace
    (`dec\\.gen\\.(.*)=decoder.generator.\\1`): for a port whose dump uses other names;
-3. **order and shape within a module** — in each module present on both sides, the remaining records
-   are paired in execution order when their shapes agree (ops of a module called in the same order).
-   A random draw pairs only with a draw, a module output only with a module output, and a record whose
-   op is hidden (tagged opaque: a delegate's outputs) not at all.
+3. **order and shape within a module** — first, an op record that ends its module's call in an op-level
+   reference (`conv1/convolution.0`) pairs with the candidate's record of that module's output (`conv1`),
+   where the reference has no record of its own for it; then, in each module present on both sides, the
+   remaining records are paired in execution order when their shapes agree (ops of a module called in the
+   same order) and what they were computed from agrees. A random draw pairs only with a draw, a module output
+   only with a module output, and a record whose op is hidden (tagged opaque: a delegate's outputs) not at all.
+
+Values a quantized candidate holds in integer units or as quantization parameters (tag `integer_domain`: a
+uint8 tensor, an int32 accumulator or its Cast to float, a scale, a zero point) pair only with such values,
+never with a float value; a float reference value meets the rescaled value computed from them (`rescaled:Conv`,
+which pairs as the op it stands for).
 
 Rules format (a `--rules FILE` or repeated `--map`): one rule per line, `PATTERN=REPLACEMENT`, split at
 the *last* `=`; the pattern must match the whole candidate name (Python `re.fullmatch`) and the
@@ -31,8 +38,9 @@ from typing import Iterable, Sequence
 
 from ..errors import InputError
 from ..ops import canonical_op
-from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN, TAG_OPAQUE,
-                      TAG_RANDOM_REPLACED, TAG_STANDS_FOR, WEIGHT_KINDS, Record, module_label, short_op)
+from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN,
+                      TAG_INTEGER_DOMAIN, TAG_OPAQUE, TAG_RANDOM_REPLACED, TAG_RESCALED, TAG_STANDS_FOR, WEIGHT_KINDS,
+                      Record, module_label, short_op)
 from .compat import kinds_agree
 from .explain import family
 
@@ -147,14 +155,16 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
     refs = [r for r in ref if r.kind != KIND_INPUT]
     cands = [c for c in cand if c.kind != KIND_INPUT]
     matched: dict[str, tuple[Record, str]] = {}     # ref name -> (cand record, method)
+    graph = {c.name: c for c in cands}
     used: set[str] = set()
-    for cls in (_WEIGHTS, _INPUTS, _OUTPUTS, _FORWARD):
+    for cls in (_WEIGHTS, _INPUTS, _OUTPUTS, _FORWARD, _INTEGER):
         r_cls = [r for r in refs if _class(r) == cls]
         c_cls = [c for c in cands if _class(c) == cls]
         if not r_cls or not c_cls:
             continue
         by_ref = {r.name: r for r in r_cls}
-        if cls == _FORWARD and (runtime_names if runtime_names is not None else _share_runtime_names(r_cls, c_cls)):
+        if cls in (_FORWARD, _INTEGER) and (runtime_names if runtime_names is not None
+                                            else _share_runtime_names(r_cls, c_cls)):
             _match_runtime_names(r_cls, c_cls, matched, used)
         for c in c_cls:
             if c.name in by_ref and c.name not in matched and c.name not in used:
@@ -168,15 +178,16 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
         elif cls == _OUTPUTS:
             _match_position(in_model_order(r_cls, outputs[0]), in_model_order(c_cls, outputs[1]), matched, used)
         else:
+            _match_module_outputs(r_cls, c_cls, rules, matched, used)
             _match_draws(r_cls, c_cls, rules, matched, used)
-            _match_order(r_cls, c_cls, rules, matched, used)
+            _match_order(r_cls, c_cls, rules, matched, used, graph)
     pairs = tuple(Pair(r, matched[r.name][0], matched[r.name][1]) for r in refs if r.name in matched)
     ref_only = tuple(r for r in refs if r.name not in matched)
     cand_only = tuple(c for c in cands if c.name not in used)
     return Alignment(pairs, ref_only, cand_only)
 
 
-_WEIGHTS, _INPUTS, _OUTPUTS, _FORWARD = "weights", "inputs", "outputs", "forward"
+_WEIGHTS, _INPUTS, _OUTPUTS, _FORWARD, _INTEGER = "weights", "inputs", "outputs", "forward", "integer"
 
 
 def _class(rec: Record) -> str:
@@ -186,6 +197,8 @@ def _class(rec: Record) -> str:
         return _INPUTS
     if rec.kind == KIND_MODEL_OUTPUT:
         return _OUTPUTS
+    if TAG_INTEGER_DOMAIN in rec.tags:
+        return _INTEGER    # integer units and quantization parameters meet only their own kind
     return _FORWARD
 
 
@@ -298,6 +311,66 @@ def translate_module(module: str, rules: Sequence[Rule]) -> str:
     return module
 
 
+def _match_module_outputs(refs: list[Record], cands: list[Record], rules: Sequence[Rule], matched: dict,
+                          used: set[str]) -> None:
+    """An op record that ends its module's call in the reference (an op-level capture records `conv1/convolution.0`
+    and no `conv1`: the op's value is the module's output) pairs with the candidate's record of that call's output
+    (`conv1`: a runtime names module outputs), when shapes agree. The candidate may compute it with other ops
+    (a MatMul and a bias Add for aten's addmm; int8 arithmetic rescaled to float): its op is not compared. Where
+    the candidate is an op-level capture too, the op that ends the same call stands for it (`proj/addmm.0` against
+    torch.ao's `proj/linear_dynamic.0`). A module returning several tensors (`lstm_cell:0`, `lstm_cell:1`) is left
+    to pairing by order."""
+    ends = {(translate_module(c.module, rules), c.call): c for c in _call_ends(cands)
+            if c.name not in used and TAG_OPAQUE not in c.tags}    # a delegate's output: its op is hidden
+    outputs = {**ends, **{(translate_module(c.module, rules), c.call): c for c in cands
+                          if c.name not in used and c.kind == KIND_OUTPUT and _level(c) == "module" and ":" not in c.name}}
+    for r in _call_ends(refs):
+        c = outputs.get((r.module, r.call))
+        if r.name in matched or c is None or c.name in used:
+            continue
+        draws = (_pairing_class(r)[0], _pairing_class(c)[0])   # a draw (or one replaced by zeros) only with a draw
+        if same_shape(r.shape, c.shape) and kinds_agree(r, c) and _classes_agree(draws[:1], draws[1:]):
+            matched[r.name] = (c, MATCH_ORDER)
+            used.add(c.name)
+
+
+def _call_ends(refs: list[Record]) -> list[Record]:
+    """The op records (output 0) after which the next record lies outside their module's call: the op that
+    made the module's output. A module with records of its own (module level) is left to pairing by name."""
+    forward = sorted((r for r in refs if r.kind == KIND_OUTPUT), key=lambda r: r.order)
+    modules = {(r.module, r.call) for r in forward if _level(r) == "module"}
+    ends = []
+    for i, r in enumerate(forward):
+        if _level(r) != "op" or (r.module, r.call) in modules or _output_index(r.name) > 0:
+            continue
+        base, j = r.name.split(":")[0], i + 1
+        while j < len(forward) and forward[j].name.split(":")[0] == base:   # its own other outputs
+            j += 1
+        if j == len(forward) or not _within(forward[j], r):
+            ends.append(r)
+    return ends
+
+
+def _within(rec: Record, r: Record) -> bool:
+    """Whether `rec` ran inside `r`'s module call: in that call, or in one of its submodules (the root holds all)."""
+    return not r.module or (rec.module, rec.call) == (r.module, r.call) or rec.module.startswith(f"{r.module}.")
+
+
+def _level(rec: Record) -> str | None:
+    """'module' for a module call's output (`enc.norm1`, `enc.norm1@2:0`), 'op' for an op's (`enc.norm1/mul.0`),
+    None for a name outside the record-name grammar (a port's own names)."""
+    m = NAME_RE.match(rec.name)
+    if m is None or m.group("module") != module_label(rec.module):
+        return None
+    return "op" if m.group("op") else "module"
+
+
+def _output_index(name: str) -> int:
+    m = NAME_RE.match(name)
+    out = m.group("output") if m else None
+    return int(out) if out and out.isdigit() else 0
+
+
 def _match_draws(refs: list[Record], cands: list[Record], rules: Sequence[Rule], matched: dict,
                  used: set[str]) -> None:
     """Random draws left over pair with the draws of the same module call, in call order, when shapes agree:
@@ -336,12 +409,18 @@ def _match_draws(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
 
 
 def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
-                 matched: dict, used: set[str]) -> None:
+                 matched: dict, used: set[str], graph: dict[str, Record] | None = None) -> None:
     """Within each module on both sides, pair leftovers in execution order when shapes agree (records tagged
-    opaque, such as a delegate's outputs, are left out: their op is unknown)."""
+    opaque, such as a delegate's outputs, are left out: their op is unknown) and, where `graph` (every candidate
+    record by name) tells, the candidate was computed from what the reference record was (`_same_sources`). A
+    QDQ copy of a value (`stands_for:v`) pairs as v's op would while v is unpaired; once v is paired, the copy
+    can only be the ReLU or clip the quantizer folded into it (a uint8 zero point at 0 clamps)."""
     left: dict[tuple[str, int], list[tuple[Record, tuple]]] = {}
+    ref_of = {c.name: r for r, (c, _) in matched.items() if c.kind not in WEIGHT_KINDS}
+    partial = _partial_rescales(cands)
+    copies = _copies(graph or {})
     for c in cands:
-        if c.name not in used and TAG_OPAQUE not in c.tags:
+        if c.name not in used and TAG_OPAQUE not in c.tags and c.name not in partial:
             left.setdefault((translate_module(c.module, rules), c.call), []).append((c, _pairing_class(c)))
     for r in refs:
         if r.name in matched:
@@ -352,11 +431,60 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
         r_class = _pairing_class(r)
         for i, (c, c_class) in enumerate(queue):
             if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class) and kinds_agree(r, c) \
-                    and _same_op_or_unknown(r, c):
+                    and _same_op_or_copy(r, c, copies.get(c.name), used) and _same_sources(r, c, ref_of, graph):
                 matched[r.name] = (c, MATCH_ORDER)
+                ref_of[c.name] = r.name
                 used.add(c.name)
                 del queue[: i + 1]  # keep order: later refs only pair with later cands
                 break
+
+
+_CLAMPS = frozenset({"relu", "relu_", "clamp", "clamp_", "clamp_min", "hardtanh", "relu6", "Relu", "Clip"})
+
+
+def _same_op_or_copy(r: Record, c: Record, copy_of: Record | None, used: set[str]) -> bool:
+    if copy_of is None:
+        return _same_op_or_unknown(r, c)
+    if copy_of.name not in used:
+        return _same_op_or_unknown(r, copy_of)
+    return short_op(r.op).split(".")[0] in _CLAMPS
+
+
+def _copies(graph: dict[str, Record]) -> dict[str, Record]:
+    """A QDQ graph's quantized copies (`DequantizeLinear(QuantizeLinear(v))`, tagged `stands_for:v`) -> v's record."""
+    by_value = {c.runtime_name: c for c in graph.values()
+                if c.runtime_name and not any(t.startswith(TAG_STANDS_FOR) for t in c.tags)}
+    out = {}
+    for c in graph.values():
+        v = next((t[len(TAG_STANDS_FOR):] for t in c.tags if t.startswith(TAG_STANDS_FOR)), None)
+        if v is not None and v in by_value:
+            out[c.name] = by_value[v]
+    return out
+
+
+def _same_sources(r: Record, c: Record, ref_of: dict[str, str], graph: dict[str, Record] | None,
+                  depth: int = 16) -> bool:
+    """Whether `c` may be `r`'s counterpart by what it was computed from: the nearest paired records upstream of `c`
+    (through records with no counterpart: the QuantizeLinear of a QDQ pair) include one of `r`'s inputs, or nothing
+    upstream of either is known. In a QDQ graph a `DequantizeLinear` copy of a max-pool's output has the shape of
+    the ReLU after the next conv: its sources tell them apart."""
+    if graph is None or not r.inputs:
+        return True
+    todo, seen = list(c.inputs), set(c.inputs)
+    for _ in range(depth):     # the nearest paired records: the first level of the walk back that has any
+        found = {ref_of[name] for name in todo if name in ref_of}
+        if found:
+            return bool(found & set(r.inputs))
+        todo = [i for name in todo if (rec := graph.get(name)) is not None for i in rec.inputs if i not in seen]
+        seen.update(todo)
+    return True
+
+
+def _partial_rescales(cands: list[Record]) -> set[str]:
+    """Rescaled int8 results another rescaled record reads (the Mul by the scales before the bias Add): the
+    float op they stand for ends later, so they never meet that op's reference by order."""
+    rescaled = {c.name for c in cands if any(t.startswith(TAG_RESCALED) for t in c.tags)}
+    return {i for c in cands if c.name in rescaled for i in c.inputs if i in rescaled}
 
 
 def _pairing_class(rec: Record) -> tuple[bool | None, str | None]:
@@ -373,21 +501,24 @@ def _pairing_class(rec: Record) -> tuple[bool | None, str | None]:
         draw: bool | None = True
     else:
         draw = None if rec.op in ("", OP_UNKNOWN) else False
-    m = NAME_RE.match(rec.name)
-    if m is None or m.group("module") != module_label(rec.module):
-        return draw, None  # a name outside the record-name grammar (a port's own names)
-    return draw, "op" if m.group("op") else "module"
+    return draw, _level(rec)
 
 
 def _same_op_or_unknown(r: Record, c: Record) -> bool:
     """Two PyTorch op records pair by order only if they are the same op (aten names are comparable). A
     runtime's op types (Conv, MatMul) name ops in other words, so they need only be of one family
-    (`explain.family`: matmul and addmm are both linear): an ONNX `Cast` never pairs with aten's `sigmoid`."""
-    if r.op.startswith("aten.") and c.op.startswith("aten."):
-        return short_op(r.op) == short_op(c.op)
-    if r.op.startswith("module:") or c.op.startswith("module:") or canonical_op(r.op) == canonical_op(c.op):
+    (`explain.family`: matmul and addmm are both linear): an ONNX `Cast` never pairs with aten's `sigmoid`. A
+    rescaled int8 result counts as the op it stands for (the `Mul` after a ConvInteger as `Conv`)."""
+    r_op, c_op = _op_of(r), _op_of(c)
+    if r_op.startswith("aten.") and c_op.startswith("aten."):
+        return short_op(r_op) == short_op(c_op)
+    if r_op.startswith("module:") or c_op.startswith("module:") or canonical_op(r_op) == canonical_op(c_op):
         return True
-    return family(r.op) == family(c.op)   # two unknown families ("other") may still be one op
+    return family(r_op) == family(c_op)   # two unknown families ("other") may still be one op
+
+
+def _op_of(rec: Record) -> str:
+    return next((t[len(TAG_RESCALED):] for t in rec.tags if t.startswith(TAG_RESCALED)), rec.op)
 
 
 def _classes_agree(a: tuple, b: tuple) -> bool:
@@ -408,6 +539,16 @@ def _op_sequences(records: Iterable[Record]) -> dict[tuple[str, int], tuple[str,
     return {k: tuple(op for _, op in sorted(v)) for k, v in seqs.items()}
 
 
+def _sources(r: Record, unpaired: dict[str, Record], depth: int = 4) -> set[str]:
+    """What `r` read, and what the records it read that have no counterpart read: a weight can reach an op through
+    ops the other side does not have (an InstanceNorm's affine weight through `repeat`)."""
+    out, todo = set(r.inputs), list(r.inputs)
+    for _ in range(depth):
+        todo = [i for name in todo if name in unpaired for i in unpaired[name].inputs if i not in out]
+        out.update(todo)
+    return out
+
+
 def inconsistent_order_pairs(alignment: Alignment) -> dict[str, str]:
     """Op-level pairs (by order, or by a name like `lstm/stack.0`) whose records were computed from
     different things: the candidate's recorded inputs pair with reference records none of which the reference
@@ -417,7 +558,11 @@ def inconsistent_order_pairs(alignment: Alignment) -> dict[str, str]:
 
     Returns: reference name -> reason.
     """
-    ref_of = {p.cand.name: p.ref.name for p in alignment.pairs}
+    # the forward records each side read (a weight is no evidence: exporters merge identical ones, and it reaches
+    # an op through other ops on one side, `repeat` of an InstanceNorm's affine weight), and on the reference side
+    # what its records with no counterpart read (a dropout the candidate does not have)
+    ref_of = {p.cand.name: p.ref.name for p in alignment.pairs if p.ref.kind not in WEIGHT_KINDS}
+    unpaired = {r.name: r for r in alignment.ref_only}
     r_ops = _op_sequences([p.ref for p in alignment.pairs] + list(alignment.ref_only))
     c_ops = _op_sequences([p.cand for p in alignment.pairs] + list(alignment.cand_only))
     out = {}
@@ -432,8 +577,8 @@ def inconsistent_order_pairs(alignment: Alignment) -> dict[str, str]:
             continue
         if not (by_order or op_level) or not p.ref.inputs:
             continue
-        mapped = [ref_of[i] for i in p.cand.inputs if i in ref_of]
-        if mapped and not set(mapped) & set(p.ref.inputs):
+        mapped = [ref_of[i] for i in p.cand.inputs if i in ref_of and ref_of[i] not in out]   # evidence only
+        if mapped and not set(mapped) & _sources(p.ref, unpaired):
             how = "order" if by_order else "name"
             out[p.ref.name] = (f"not comparable: paired by {how}, but computed from different records "
                                f"({', '.join(mapped[:2])} against {', '.join(p.ref.inputs[:2])}): the two sides "

@@ -24,10 +24,11 @@ from typing import Any, Mapping, Sequence
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
 from .align import declared_outputs, in_model_order
-from .draws import DrawFindings, is_draw_finding
 from .evidence import made_in, with_uncompared_inputs
-from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .renames import suggest as suggest_renames
+from .draws import DrawFindings, is_draw_finding
+from .explain import HUGE_GAIN, explain, family, predicted_gain
+from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN, Noise, measured_floor, sensitivity)
 from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
@@ -55,7 +56,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     from .summary import summarize
 
     results = sorted(results, key=lambda p: p.order)
-    weights = [p for p in results if p.kind in WEIGHT_KINDS]
+    weights = scaled_weights([p for p in results if p.kind in WEIGHT_KINDS], ref_bundle, cand_bundle)
     forward = [p for p in results if p.kind not in WEIGHT_KINDS]
     by_name = {r.name: r for r in ref_records}
     findings = DrawFindings(ref_bundle, cand_bundle)     # draws of another kind, or consumed in another order
@@ -65,10 +66,11 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     unread = unread_indices(ref_records)
     forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
                        noise=noise, reduced=reduced, draws=draws, unread=unread, swapped=findings)
+    forward = judged_quantized(forward, ref_bundle, cand_bundle)   # beyond what int8 explains, or coarse steps
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
     forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
-    notes = list(notes) + ([graph_note] if graph_note else [])
+    notes = list(notes) + [n for n in (graph_note, integer_domain_note(cand_only, cand_bundle)) if n]
     failing = [p for p in forward if p.failed]
     declared = declared_outputs(getattr(ref_bundle, "manifest", None) or {})   # the graph's output order
     output = model_output(forward, declared)
@@ -324,23 +326,6 @@ def _module_weights(weights: Sequence[PairResult], ref_records: Sequence[Record]
         while owner and owner not in ran:      # climb to the nearest module that has records of its own
             owner = owner.rsplit(".", 1)[0] if "." in owner else ""
         out.setdefault(w.module if w.module in ran else owner, []).append(w.name)
-    return out
-
-
-def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[str, str]:
-    """Reference name -> an unpaired candidate record tagged quantized that the candidate record read (QDQ's
-    quantized copy of a model input has no reference counterpart)."""
-    if cand_bundle is None:
-        return {}
-    paired = {p.cand_name for p in results}
-    out = {}
-    for p in results:
-        c = cand_bundle.get(p.cand_name)
-        for i in (c.inputs if c is not None else ()):
-            ci = cand_bundle.get(i)
-            if ci is not None and i not in paired and TAG_QUANTIZED in ci.tags:
-                out[p.name] = i
-                break
     return out
 
 
@@ -642,25 +627,39 @@ def _output_index(name: str) -> int:
 def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult] = (),
                      forward: Sequence[PairResult] = ()) -> PairResult | None:
     """Where it goes wrong. When a model output fails, the record its error came from (its `origin`); else the
-    first failing record whose error is its own, a weight's or quantization's; then the first amplifier that
-    makes NaN/Inf, the first amplifier, the first random draw, the first failing record."""
-    own_causes = (CAUSE_OWN, CAUSE_WEIGHTS, CAUSE_QUANTIZED)
+    first failing record whose error is its own or a weight's, then quantization's (an int8 port has quantization
+    error everywhere: a wrong scale after it is still the port's bug); then the first amplifier that makes
+    NaN/Inf, the first amplifier, the first random draw, the first failing record."""
+    quantized = [p for p in failing if p.cause == CAUSE_QUANTIZED]
+    bugs = [p for p in failing if _port_bug(p, quantized[0] if quantized else None)]
     by_name = {p.name: p for p in forward}
-    first_own = next((p for p in failing if p.cause in own_causes), None)
+    first_own = min(bugs[:1] + quantized[:1], key=lambda p: p.order, default=None)
     for o in outputs:
         src = by_name.get(o.origin or "") if o.failed else None
         # an earlier error of its own (a bug) still comes first: the output's error may come through it too
-        if src is not None and src in failing and (first_own is None or first_own.order >= src.order):
+        if src is not None and src in failing and (first_own is None or first_own.order >= src.order) \
+                and not (bugs and src.cause == CAUSE_QUANTIZED):
             return src
     amplified = [p for p in failing if p.cause == CAUSE_AMPLIFIED]
     # an amplifier that turns rounding into NaN/Inf is where a port breaks; earlier finite amplified rounding
     # is the expected price of a different kernel
     nonfinite = [p for p in amplified if nonfinite_differs(p)]
-    for hits in ([p for p in failing if p.cause in own_causes], nonfinite, amplified,
-                 [p for p in failing if p.cause == CAUSE_RANDOM]):
+    for hits in (bugs, quantized, nonfinite, amplified, [p for p in failing if p.cause == CAUSE_RANDOM]):
         if hits:
             return hits[0]
     return failing[0] if failing else None
+
+
+def _port_bug(p: PairResult, first_quantized: PairResult | None) -> bool:
+    """A weight that differs, or an error of its own. After quantization error has entered, "its own" is sure only
+    far beyond what int8 explains at a quantized op (`quantization.judged`): elsewhere it may be quantization error
+    its op amplifies beyond what statistics credit (a log of values near 1, a division by values rounded to 0)."""
+    if p.cause == CAUSE_WEIGHTS:
+        return True
+    if p.cause != CAUSE_OWN:
+        return False
+    return first_quantized is None or p.order < first_quantized.order or \
+        (p.quantization is not None and p.quantization.finding is not None)
 
 
 def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str, Record] | None = None

@@ -114,6 +114,48 @@ class DbResult:
 
 
 @dataclass(frozen=True)
+class QuantNoise:
+    """What int8 quantization is expected to add at a record the candidate computes with quantized arithmetic: the
+    step of the quantized value it reads (the activation; `weight_step` for the weight) against that value's range
+    and rms, and the relative error those steps give (`tensorprobe.diff.quantization`). `finding` says why the
+    record's error is beyond what the steps explain, or why the steps are coarse, and what to change."""
+
+    step: float                        # the activation's quantization step (its scale)
+    low: float                         # the range that step covers: what the quantized value can hold
+    high: float
+    rms: float                         # rms of the value quantized: how many steps its typical value spans
+    expected: float                    # relative error the steps are expected to give here
+    weight_step: float | None = None   # the weight's largest step, when a weight was quantized too
+    weight_rms: float | None = None
+    clipped: float = 0.0               # fraction of the range beyond what the scale holds (static scales)
+    finding: str | None = None
+
+    @property
+    def levels(self) -> float:
+        """The activation's typical value (rms) in steps."""
+        return self.rms / self.step if self.step > 0 else math.inf
+
+    @property
+    def weight_levels(self) -> float | None:
+        """The weight's typical value (rms) in steps."""
+        return self.weight_rms / self.weight_step if self.weight_step and self.weight_rms else None
+
+    @property
+    def coarse(self) -> bool:
+        """Steps too coarse for the values (the rms spans fewer than 8 steps), or a scale that clips them."""
+        return self.clipped > 0 or self.levels < 8 or (self.weight_levels or math.inf) < 8
+
+    def words(self) -> str:
+        """'activation step 0.0039 over [0, 1] (rms 54 steps), weight step 0.00098: int8 is expected to add 0.8%'"""
+        w = f", weight step {self.weight_step:.2g}" if self.weight_step else ""
+        return (f"activation step {self.step:.2g} over [{self.low:.3g}, {self.high:.3g}] (its rms is {self.levels:,.3g} "
+                f"steps){w}: int8 is expected to add a relative error of about {self.expected:.2g}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_jdict({k: v for k, v in self.__dict__.items() if k != "finding"}), "finding": self.finding}
+
+
+@dataclass(frozen=True)
 class PairResult:
     """One compared pair: a reference record and its candidate, metrics and verdict."""
 
@@ -150,6 +192,7 @@ class PairResult:
     # inputs of a failing record whose error is its own that were not paired and compared: (name, why), why
     # "unpaired" or "not compared" (diff.evidence); while any is listed, "its inputs are identical" is unproven
     uncompared_inputs: tuple[tuple[str, str], ...] = ()
+    quantization: QuantNoise | None = None    # what int8 is expected to add here (quantized records)
 
     @property
     def passed(self) -> bool:
@@ -191,6 +234,7 @@ class PairResult:
             "rounding": jfloat(self.rounding), "cause": self.cause, "origin": self.origin,
             "explanation": self.explanation, "input_name": self.input_name,
             "uncompared_inputs": [{"name": n, "why": why} for n, why in self.uncompared_inputs],
+            "quantization": self.quantization.to_dict() if self.quantization else None,
         }
 
 

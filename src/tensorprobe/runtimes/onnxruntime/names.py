@@ -37,6 +37,7 @@ from typing import Any, Iterable, Iterator
 
 from ...errors import InputError
 from ...record import TAG_QSTEP, TAG_QUANTIZED, TAG_STANDS_FOR, record_name
+from .quant import QUANTIZERS as _QUANTIZERS, quantization_roles
 
 SCOPE_KEY = "tensorprobe.scope"
 MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples
@@ -49,8 +50,6 @@ QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Mat
              "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
              "QLinearAveragePool", "QLinearConcat", "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
              "DynamicQuantizeLSTM", "QAttention"}
-_INTEGER_KERNELS = {"MatMulInteger", "ConvInteger"}
-_RESCALE_OPS = {"Cast", "Mul"}   # the float rescale after an integer kernel (dynamic quantization)
 # ONNX element types of floating-point tensors (FLOAT, FLOAT16, DOUBLE, BFLOAT16): a Cast between two of
 # these changes the precision of a value, not the value.
 FLOAT_ELEM_TYPES = {1, 10, 11, 16}
@@ -159,7 +158,7 @@ def _legacy_chain(comps: list[str], known: set[str]) -> Chain:
     prefix = ""
     for c in comps:
         call = 0
-        full = f"{prefix}.{c}" if prefix else c
+        full = _paths([prefix, c])[-1] if prefix else c
         m = _LEGACY_CALL.match(c)
         if m and full not in known:
             stem = f"{prefix}.{m.group(1)}" if prefix else m.group(1)
@@ -193,8 +192,18 @@ def _known_modules(graph: Any) -> set[str]:
         known.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
     for node in graph.node:
         comps = _legacy_components(node.name) or []
-        known.update(".".join(comps[:k]) for k in range(1, len(comps) + 1) if not _LEGACY_CALL.match(comps[k - 1]))
+        known.update(path for path, c in zip(_paths(comps), comps) if not _LEGACY_CALL.match(c))
     return known
+
+
+def _paths(comps: list[str]) -> list[str]:
+    """The module path at each component of a legacy node name: `/a/b/` -> a, a.b; newer exports name a child of
+    a Sequential by its full path (`/layer1/layer1.0/conv1/`), which is already the path."""
+    out: list[str] = []
+    for c in comps:
+        prefix = out[-1] if out else ""
+        out.append(c if prefix and c.startswith(f"{prefix}.") else f"{prefix}.{c}" if prefix else c)
+    return out
 
 
 class GraphNamer:
@@ -227,6 +236,10 @@ class GraphNamer:
             for v in node_inputs(node):
                 self.consumers.setdefault(v, []).append(i)
         self.known = _known_modules(self.graph)
+        inits = {i.name: i for i in self.graph.initializer}
+        data = self.data_values()
+        self.roles = quantization_roles(self.nodes, self.producer, inits, self.types,
+                                        lambda v: v not in data and v not in self.initializers)
         self.chains = self._scopes()
 
     # ---- scopes -----------------------------------------------------------------------------------------
@@ -298,7 +311,10 @@ class GraphNamer:
         return list(clusters.values())
 
     def _weight_module(self, node: Any) -> str | None:
-        for v in node_inputs(node):
+        """The module whose weights `node` reads; for the Cast, rescale and bias Add a quantizer puts after an
+        integer kernel, the module of that kernel's weight (they compute that module's output)."""
+        kernels = (self.roles.kernel_of(o) for o in node.output if o)
+        for v in [*node_inputs(node), *(k.weight for k in kernels if k is not None and k.weight)]:
             if v in self.initializers:
                 path = ".".join(_PARAM_SUFFIX.sub("", v).split(".")[:-1])
                 if path and path in self.known:
@@ -346,9 +362,9 @@ class GraphNamer:
         for i, node in enumerate(self.nodes):
             chain = self.chains[i]
             for o in node.output:
-                if not o or o not in data:
-                    continue
-                users = [set(self.chains[j]) for j in self.consumers.get(o, ())]
+                if not o or o not in data or self.roles.integer(o):
+                    continue   # a module returns float values: never the zero point its quantizer adds
+                users = [set(self.chains[j]) for j in self._users(o)]
                 for key in chain:
                     if o in outputs or any(key not in u for u in users):
                         escaping.setdefault(key, []).append(o)
@@ -362,6 +378,18 @@ class GraphNamer:
         for v, lst in names.items():  # innermost module first
             lst.sort(key=lambda n: (n.startswith("<root>"), -n.count(".")))
         return names
+
+    def _users(self, value: str) -> list[int]:
+        """The nodes reading `value`, a quantizer that reads it standing for the nodes reading what it makes: the
+        DynamicQuantizeLinear a quantizer puts after a ReLU (in the ReLU's scope, in a legacy export) hands the
+        ReLU's value on to the next module in integer units."""
+        out = []
+        for j in self.consumers.get(value, ()):
+            if self.nodes[j].op_type in _QUANTIZERS:
+                out += [k for o in self.nodes[j].output if o for k in self.consumers.get(o, ())]
+            else:
+                out.append(j)
+        return out
 
     def _tuple_slots(self, key: tuple[str, int], values: list[str]) -> dict[str, int | None]:
         """Which escaping values are the module's outputs, and at which tuple index.
@@ -436,13 +464,14 @@ class GraphNamer:
             inputs = tuple(primary[v] for v in node_inputs(node) if v in primary)
             tags = self._tags(node, angle)
             for j, o in enumerate(outs):
+                o_tags = tags + self.roles.tags(o, primary.get)
                 names = mod_names.get(o) or [record_name(path, call, op=node.op_type, k=k,
                                                          output=j if len(node.output) > 1 else None)]
                 primary[o] = names[0]
                 if tags and "angle" in tags:
                     angle.add(o)
                 planned[o] = ValuePlan(value=o, names=names, module=path, op=node.op_type, node_index=i,
-                                       inputs=inputs, tags=tags, model_output=model_outputs.get(o))
+                                       inputs=inputs, tags=tuple(dict.fromkeys(o_tags)), model_output=model_outputs.get(o))
                 plans.append(planned[o])
         for p in plans if renamed else ():   # consumers of a cast value met before its Cast
             p.inputs = tuple(renamed.get(n, n) for n in p.inputs)
@@ -484,10 +513,6 @@ class GraphNamer:
                                    model_output=model_outputs[out]))
         return True
 
-    def _rescales_integers(self, node: Any) -> bool:
-        """A Cast or Mul right after MatMulInteger/ConvInteger: the rescale that makes their float output."""
-        return node.op_type in _RESCALE_OPS and any(_integer_source(self, v) for v in node.input if v)
-
     def _tags(self, node: Any, angle: set[str]) -> tuple[str, ...]:
         if node.op_type in RNG_OPS:
             return ("rng", *_draw_tag(node))
@@ -496,7 +521,7 @@ class GraphNamer:
             if q is not None and self.nodes[q].op_type == "QuantizeLinear" and self.nodes[q].input:
                 # QDQ: what consumers of the quantized value see stands for the float value it quantized
                 return (TAG_QUANTIZED, f"{TAG_STANDS_FOR}{self.nodes[q].input[0]}")
-        if node.op_type in QUANT_OPS or self._rescales_integers(node):
+        if node.op_type in QUANT_OPS:
             return (TAG_QUANTIZED,)
         md = _meta(node)
         fx = _FX_NODE.match(md.get("pkg.torch.onnx.fx_node", ""))
@@ -618,15 +643,6 @@ def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iter
             value = np.ascontiguousarray(value.T)
         step = float(np.max(np.abs(s)))  # one quantisation step: the rounding dequantisation is allowed
         yield _weight_base(base), value, (f"dequantized:{q.dtype.name}", f"{TAG_QSTEP}{step:.6g}")
-
-
-def _integer_source(namer: "GraphNamer", value: str, depth: int = 0) -> bool:
-    i = namer.producer.get(value)
-    if i is None or depth > 2:
-        return False
-    node = namer.nodes[i]
-    return node.op_type in _INTEGER_KERNELS or (node.op_type == "Cast" and any(
-        _integer_source(namer, v, depth + 1) for v in node.input))
 
 
 def node_inputs(node: Any) -> Iterable[str]:

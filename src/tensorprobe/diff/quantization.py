@@ -1,0 +1,232 @@
+"""Quantized candidates: what int8 arithmetic is expected to add at each record, and where it adds more.
+
+An int8 port (`onnxruntime.quantization`'s `quantize_dynamic` or QDQ `quantize_static`) differs from its float
+reference by quantization error at every quantized op. How much is known where the quantization parameters
+are (the ONNX Runtime capture tags each rescaled value `quant:act=...;scale=...;weight=...`, `names`/`quant`):
+
+- a QDQ pair (`DequantizeLinear(QuantizeLinear(v))`) with step s rounds v by at most s/2: a relative error of
+  s/sqrt(12)/rms(v), unless v reaches beyond what the scale holds ([qmin - zp, qmax - zp]·s): then it clips;
+- an integer kernel (`MatMulInteger`, `ConvInteger`) on an activation x quantized with step s_x and a weight w with
+  step s_w sums K products, each off by its rounding: var(δy) = K/12 · (s_x²·ms(w) + s_w²·ms(x)), relative to
+  the reference's rms(y) (ms: the mean square, K: the products per output, from the weight's or input's shape).
+
+`QuantNoise` holds those figures per record (JSON: `pairs[].quantization`). A record whose error is far beyond
+them (`FAR` times, counting what its inputs bring) is not quantization noise: it is named as its own error, with
+what to change (a wrong scale, int16 saturation of u8·s8 products on x86 without VNNI: `reduce_range`, a recurrent
+or attention node that should stay float). A record whose steps are coarse for its values (the scale spans
+outliers: its rms is a few steps) keeps cause `quantized`, with the fix (per-channel scales, exclude the node).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Sequence
+
+from ..record import TAG_INTEGER_DOMAIN, TAG_QSTEP, TAG_QUANT, TAG_QUANTIZED, TAG_RESCALED, Record
+from .compat import rms
+from .explain import predicted_gain
+from .noise import CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
+from .result import PairResult, QuantNoise
+
+FAR = 8.0            # a record this many times beyond what int8 and its inputs explain is not quantization noise
+COARSE_LEVELS = 8.0  # a quantized value whose rms spans fewer steps than this has a scale too coarse for it
+COARSE_ERROR = 0.05  # ... said when it costs at least this relative error
+_RECURRENT = ("LSTM", "GRU", "RNN", "Attention")
+
+
+def quant_fields(tags: Sequence[str]) -> dict[str, str] | None:
+    """The fields of a record's `quant:` tag ({'act': ..., 'scale': ..., 'weight': ...}), or None without one."""
+    tag = next((t for t in tags if t.startswith(TAG_QUANT)), None)
+    if tag is None:
+        return None
+    return dict(part.split("=", 1) for part in tag[len(TAG_QUANT):].split(";") if "=" in part)
+
+
+def rescaled_op(tags: Sequence[str]) -> str | None:
+    """The float op a rescaled int8 result stands for (`rescaled:Conv` -> 'Conv'), or None."""
+    return next((t[len(TAG_RESCALED):] for t in tags if t.startswith(TAG_RESCALED)), None)
+
+
+def expected_noise(ref: Record, cand: Record, cand_bundle: Any) -> QuantNoise | None:
+    """What int8 is expected to add at `cand` (quantized), from its `quant:` tag and the records it names; None
+    where the tag or the records it names are missing."""
+    fields = quant_fields(cand.tags)
+    if not fields or cand_bundle is None:
+        return None
+    act = cand_bundle.get(fields.get("act", ""))
+    step = _number(fields.get("scale"), cand_bundle)
+    if act is None or step is None or step <= 0 or act.stats.kind != "float":
+        return None
+    x_rms = rms(act.stats) or 0.0
+    y_rms = rms(ref.stats) or 0.0
+    if not x_rms or not y_rms:
+        return None
+    if "zp" in fields:      # a QDQ pair: v rounded to its step, clipped to what the scale holds
+        return _qdq_noise(act, step, int(fields["zp"]), fields.get("q", "uint8"), x_rms)
+    weight = cand_bundle.get(fields.get("weight", ""))
+    lo, hi = min(float(act.stats.min or 0.0), 0.0), max(float(act.stats.max or 0.0), 0.0)
+    if weight is None:
+        return QuantNoise(step=step, low=lo, high=hi, rms=x_rms, expected=step / math.sqrt(12) / x_rms)
+    k = _products(rescaled_op(cand.tags), act, weight)
+    w_step, w_rms = _qstep(weight) or 0.0, rms(weight.stats) or 0.0
+    expected = math.sqrt(k / 12 * (step ** 2 * w_rms ** 2 + w_step ** 2 * x_rms ** 2)) / y_rms
+    return QuantNoise(step=step, low=lo, high=hi, rms=x_rms, expected=expected, weight_step=w_step or None,
+                      weight_rms=w_rms or None)
+
+
+def _qdq_noise(act: Record, step: float, zp: int, qtype: str, x_rms: float) -> QuantNoise:
+    qmin, qmax = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767)}.get(
+        qtype, (0, 255))
+    lo, hi = (qmin - zp) * step, (qmax - zp) * step
+    a_lo, a_hi = float(act.stats.min or 0.0), float(act.stats.max or 0.0)
+    span = max(a_hi - a_lo, 1e-30)
+    # below a zero point at qmin lies what a ReLU the quantizer removed would cut: that clipping is the ReLU
+    below = 0.0 if zp == qmin else max(0.0, lo - step - a_lo)
+    clipped = (max(0.0, a_hi - hi - step) + below) / span
+    return QuantNoise(step=step, low=lo, high=hi, rms=x_rms, expected=step / math.sqrt(12) / x_rms, clipped=clipped)
+
+
+def _number(value: str | None, bundle: Any) -> float | None:
+    """A scale given as a number, or as the record of a runtime scale (a 0-d value: its max is the value)."""
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        rec = bundle.get(value)
+        return float(rec.stats.max) if rec is not None and rec.stats.max is not None else None
+
+
+def _qstep(weight: Record) -> float | None:
+    return next((float(t[len(TAG_QSTEP):]) for t in weight.tags if t.startswith(TAG_QSTEP)), None)
+
+
+def _products(op: str | None, act: Record, weight: Record) -> int:
+    """Products summed per output: a conv's kernel size times its input channels (the weight's elements per
+    output channel), a matmul's inner dimension (the activation's last)."""
+    if op == "Conv" and weight.shape:
+        return max(1, math.prod(weight.shape) // max(1, weight.shape[0]))
+    return max(1, act.shape[-1] if act.shape else 1)
+
+
+def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list[PairResult]:
+    """Each failing quantized pair with what int8 is expected to add there (`QuantNoise`), and a finding where its
+    error is far beyond that (cause `own`) or its steps are coarse for its values (cause kept, the fix said)."""
+    if cand_bundle is None or ref_bundle is None:
+        return results
+    out = []
+    for p in results:
+        if TAG_QUANTIZED in p.tags and p.failed and p.rel_err is not None:
+            ref, cand = ref_bundle.get(p.name), cand_bundle.get(p.cand_name)
+            q = expected_noise(ref, cand, cand_bundle) if ref is not None and cand is not None else None
+            if q is not None:
+                ins = [i for i in map(ref_bundle.get, ref.inputs) if i is not None]
+                p = _with_finding(p, q, rescaled_op(cand.tags), predicted_gain(ref, ins))
+        out.append(p)
+    return out
+
+
+def _with_finding(p: PairResult, q: QuantNoise, op: str | None, gain: float) -> PairResult:
+    """`op`: the float op an int8 kernel's result stands for (None for a QDQ copy, whose error beyond its rounding
+    is what its input brings, amplified as its consumer's op allows: not judged here)."""
+    e, e_in = p.rel_err or 0.0, p.input_rel_err or 0.0
+    explained = math.hypot(q.expected, gain * e_in)
+    if op is not None and p.cause in (CAUSE_QUANTIZED, CAUSE_INHERITED) and e > FAR * explained:
+        why = (f"relative error {e:.3g} is {e / explained:,.0f}x what int8 explains here ({q.words()}; its inputs "
+               f"differ by {e_in:.2g}): not quantization noise. {_fix_beyond(op)}")
+        return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=why, quantization=replace(q, finding=why))
+    if p.cause == CAUSE_QUANTIZED and q.coarse and e >= COARSE_ERROR:
+        why = f"{q.words()}. {_fix_coarse(q, op)}"
+        return replace(p, explanation=why, quantization=replace(q, finding=why))
+    return replace(p, quantization=q)
+
+
+def _fix_beyond(op: str) -> str:
+    if op in _RECURRENT:
+        return (f"A quantized {op} compounds its rounding over time steps: keep it in float "
+                "(quantize_dynamic(..., nodes_to_exclude=[...]) or op_types_to_quantize without it)")
+    return ("Check this node's scale and zero point (a wrong scale moves every value); on x86 without VNNI, u8xs8 "
+            "products saturate int16: quantize with reduce_range=True, or exclude this node (nodes_to_exclude)")
+
+
+def _fix_coarse(q: QuantNoise, op: str | None) -> str:
+    if q.clipped > 0:
+        return (f"The scale clips: the values reach beyond [{q.low:.3g}, {q.high:.3g}] ({q.clipped:.0%} of their "
+                "range): calibrate on representative inputs, or exclude this node (nodes_to_exclude)")
+    if q.weight_levels is not None and q.weight_levels < COARSE_LEVELS:
+        return (f"The weight's scale spans outlier channels: its rms is {q.weight_levels:.1f} steps. Quantize the "
+                "weights per channel (quantize_static's per_channel=True: quantize_dynamic's ConvInteger keeps one "
+                "scale per tensor), or leave this node in float (nodes_to_exclude)")
+    return (f"The activation's scale spans outliers: its rms is {q.levels:.1f} steps, its largest value "
+            f"{max(abs(q.low), abs(q.high)) / q.rms:,.0f}x the rms. Exclude this node (nodes_to_exclude), or scale the "
+            "outlier channels down before it" + (f"; a {op} is better left in float" if op in _RECURRENT else ""))
+
+
+def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[str, str]:
+    """Reference name -> the nearest candidate record tagged quantized that its candidate record was computed from
+    through records with no reference counterpart: QDQ's quantized copy of a model input, the in-projection inside a
+    fused attention op the reference computes in one (`_native_multi_head_attention`)."""
+    if cand_bundle is None:
+        return {}
+    paired = {p.cand_name for p in results}
+    out = {}
+    for p in results:
+        c = cand_bundle.get(p.cand_name)
+        found = _quantized_source(cand_bundle, c.inputs, paired) if c is not None else None
+        if found is not None:
+            out[p.name] = found
+    return out
+
+
+def _quantized_source(bundle: Any, start: Sequence[str], paired: set[str], limit: int = 10_000) -> str | None:
+    """Breadth first through unpaired records: the first tagged quantized (a float one before integer units)."""
+    todo, seen = list(start), set(start)
+    while todo and len(seen) < limit:
+        level, todo = todo, []
+        hits = []
+        for name in level:
+            rec = bundle.get(name)
+            if rec is None or name in paired:
+                continue
+            if TAG_QUANTIZED in rec.tags:
+                hits.append(rec)
+                continue
+            todo += [i for i in rec.inputs if i not in seen]
+            seen.update(rec.inputs)
+        if hits:
+            return min(hits, key=lambda r: TAG_INTEGER_DOMAIN in r.tags).name
+    return None
+
+
+def integer_domain_note(cand_only: Sequence[str], cand_bundle: Any) -> str | None:
+    """One line for the candidate's values in integer units or quantization parameters left unpaired (by design)."""
+    if cand_bundle is None:
+        return None
+    names = [n for n in cand_only if (r := cand_bundle.get(n)) is not None and TAG_INTEGER_DOMAIN in r.tags]
+    if not names:
+        return None
+    ops = sorted({cand_bundle.get(n).op for n in names})
+    return (f"{len(names):,} candidate value{'s' if len(names) != 1 else ''} in integer units or quantization "
+            f"parameters ({', '.join(ops[:4])}{', ...' if len(ops) > 4 else ''}) "
+            f"{'are' if len(names) != 1 else 'is'} not compared with float values: the reference values are compared "
+            "with the rescaled values computed from them")
+
+
+def scaled_weights(weights: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list[PairResult]:
+    """A failing weight dequantized from int8 whose values are the reference's times a constant (cosine ~1, the
+    norms in another ratio) is said to be: its quantization scale is off by that factor (a scale initializer
+    edited, or computed for another tensor)."""
+    if ref_bundle is None or cand_bundle is None:
+        return weights
+    out = []
+    for p in weights:
+        cos = p.metric("cosine")
+        if p.failed and cos is not None and cos > 0.999 and any(t.startswith("dequantized") for t in p.tags):
+            r, c = ref_bundle.get(p.name), cand_bundle.get(p.cand_name)
+            ratio = (rms(c.stats) or 0.0) / (rms(r.stats) or math.inf) if r is not None and c is not None else 0.0
+            if ratio and abs(ratio - 1.0) > 0.01:
+                p = replace(p, explanation=f"the dequantized weight is the reference's x{ratio:.3g} (cosine {cos:.6f}): "
+                                           "its int8 scale is off by that factor; check the scale stored with it")
+        out.append(p)
+    return out
