@@ -47,14 +47,14 @@ from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import BundleError, InputError
 from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_MADE_IN,
-                     TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT,
+                     TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT, TAG_QUANTIZED,
                      TAG_REPLAYED, WEIGHT_KINDS, Record, dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
 from .hooks import (ModuleStack, module_tensors, module_types, op_base_name, op_full_name, op_tensors,
                     user_source_line)
 from .ops import ALIAS_OPS, ANGLE_OPS, RNG_OPS, SKIP_OPS
 from .rng.draws import draw_tags
-from .weights import named_weights
+from .weights import is_quantized_module, named_weights
 
 LEVELS = ("module", "op")
 KEEPS = ("stats", "full")
@@ -162,6 +162,8 @@ class _OpMode(TorchDispatchMode):
             tags += (TAG_REPLAYED,)
         if _nonfinite_scalar(args, kwargs):   # ±Inf it writes is a constant's: a mask, for `nan`
             tags += (TAG_NONFINITE_CONSTANT,)
+        if _quantized_op(func):                 # int8 arithmetic (torch.ao): quantization error, not a bug
+            tags += (TAG_QUANTIZED,)
         drawn = draw_tags(func, args, kwargs or {}, flat_out) if is_rng else None   # what each output draws
         multi = len(flat_out) > 1
         op = op_full_name(func)
@@ -178,6 +180,12 @@ class _OpMode(TorchDispatchMode):
         if name is not None:
             for t in flat_out:
                 self.recorder.producer[t] = name
+
+
+def _quantized_op(func) -> bool:
+    """An op of torch's int8 kernels: the `quantized::` namespace (`linear_dynamic`) or aten's `quantized_lstm`."""
+    name = getattr(func, "name", lambda: "")()
+    return name.startswith("quantized::") or name.startswith("aten::quantized_")
 
 
 def _nonfinite_scalar(args: tuple, kwargs: dict | None) -> bool:
@@ -465,6 +473,8 @@ class Capture:
             unrecorded = [t for t in arg_tensors if rec.producer.get(t) is None]
             tags = (TAG_INPUTS_UNRECORDED, TAG_INPUTS_MADE_IN + _parent_path(self._arrived.get(unrecorded[0], path))) \
                 if unrecorded else ()
+            if is_quantized_module(module):
+                tags += (TAG_QUANTIZED,)
             with self._paused():
                 for i, t in enumerate(flat):
                     rec.record(t, name=record_name(path, call, output=i if len(flat) > 1 else None),

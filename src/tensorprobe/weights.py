@@ -6,6 +6,9 @@ along the wrong dim), so captures record the weights themselves and `diff` compa
 A *derived* weight is what a module computes from its parameters before using them: `weight_norm`'s
 `weight` from `weight_g` and `weight_v`, a `torch.nn.utils.parametrize` parametrization's value. A port that
 folded the parametrization holds exactly that tensor under that name, so recording it lets the two line up.
+A quantized module of `torch.ao` (dynamic `Linear` and `LSTM`, static `Linear`) keeps its weights packed: they are
+recorded dequantized, under the float module's names (`proj.weight`, `lstm.weight_ih_l0`), tagged like an int8
+ONNX file's (`dequantized:qint8`, `qstep:<scale>`), so `diff` against the float original judges them within a step.
 
     >>> [(name, kind) for name, _, _, kind, _ in named_weights(torch.nn.Linear(2, 3))]
     [('weight', 'param'), ('bias', 'param')]
@@ -17,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from .record import KIND_BUFFER, KIND_PARAM, TAG_DERIVED
+from .record import KIND_BUFFER, KIND_PARAM, TAG_DERIVED, TAG_QSTEP
 
 OP_PARAM, OP_BUFFER = "param", "buffer"
 
@@ -45,6 +48,11 @@ def named_weights(model: torch.nn.Module) -> Iterator[tuple[str, str, torch.Tens
             if name not in seen:
                 seen.add(name)
                 yield name, path, value, KIND_PARAM, (TAG_DERIVED,)
+        for attr, value, tags in _dequantized(module):
+            name = f"{path}.{attr}" if path else attr
+            if name not in seen:
+                seen.add(name)
+                yield name, path, value, KIND_PARAM, tags
 
 
 def _derived(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -62,4 +70,30 @@ def _derived(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 yield attr, getattr(module, attr).detach()
 
 
-__all__ = ["named_weights", "OP_PARAM", "OP_BUFFER"]
+def is_quantized_module(module: torch.nn.Module) -> bool:
+    """A module of `torch.ao.nn.quantized` (static or dynamic): it computes with int8 weights."""
+    return type(module).__module__.startswith("torch.ao.nn.quantized")
+
+
+def _dequantized(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor, tuple[str, ...]]]:
+    """The packed weights of a `torch.ao` quantized module, dequantized, under the float module's names."""
+    if not is_quantized_module(module):
+        return
+    weights, biases = {}, {}
+    if callable(getattr(module, "get_weight", None)):          # dynamic LSTM / GRU: {"weight_ih_l0": qtensor}
+        weights, biases = module.get_weight(), module.get_bias()
+    elif callable(getattr(module, "weight", None)):            # Linear (dynamic or static)
+        weights, biases = {"weight": module.weight()}, {"bias": module.bias()}
+    with torch.no_grad():
+        for attr, q in weights.items():
+            if q is not None and q.is_quantized:
+                scale = q.q_scale() if q.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric) \
+                    else float(q.q_per_channel_scales().max())
+                dtype = str(q.dtype).removeprefix("torch.")
+                yield attr, q.dequantize(), (f"dequantized:{dtype}", f"{TAG_QSTEP}{scale:.6g}")
+        for attr, b in biases.items():
+            if isinstance(b, torch.Tensor):
+                yield attr, b.detach(), ()
+
+
+__all__ = ["named_weights", "is_quantized_module", "OP_PARAM", "OP_BUFFER"]
