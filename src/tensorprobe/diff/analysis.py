@@ -19,25 +19,25 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
-from .align import declared_outputs, in_model_order
+from .align import Pair, declared_outputs, in_model_order, parse_rule
 from .evidence import made_in, with_uncompared_inputs
 from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
+from .summary import summarize
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OWN_MARGIN, Noise, measured_floor, sensitivity)
-from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
+from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL, STATUS_NOT_PROVEN,
                      STATUS_PASS, STATUS_SHAPE, TAG_READS_QUANTIZED, Amplifier, CallSeries, Criteria, DiffReport,
                      PairResult)
 
 TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
 MAX_AMPLIFIERS = 10
-MATCH_SUGGESTED = "rule (suggested)"   # a weight paired by the rename rules diff offers, not by the user
 MIN_GAIN = 2.0      # a record must at least double the relative error to count as an amplifier
 INPUTS_DIFFER = 0.3  # relative error of an input beyond which a record's error is never called its own
 # Ops whose amplification depends on their input's values (statistics of the input are needed to bound it).
@@ -49,11 +49,13 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
                  notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None,
                  environment_notes: Sequence[str] = (), incomplete: Sequence[str] = (),
-                 noise: Mapping[str, Noise] | None = None, reduced: str | None = None) -> DiffReport:
+                 noise: Mapping[str, Noise] | None = None, reduced: str | None = None,
+                 compare: Callable[..., PairResult] | None = None) -> DiffReport:
     """Assemble a `DiffReport` from the compared pairs (in reference execution order). `noise`: the noise
     model of each reference record (to lift a floor where a measurement backs it); `reduced`: why the
-    candidate is not a same-precision port, or None."""
-    from .summary import summarize
+    candidate is not a same-precision port, or None; `compare`: how to compare one more `Pair` (`core.compare_pair`,
+    passed in so that this module does not import the one that imports it), for weights paired by a suggested
+    rename."""
 
     results = sorted(results, key=lambda p: p.order)
     weights = scaled_weights([p for p in results if p.kind in WEIGHT_KINDS], ref_bundle, cand_bundle)
@@ -99,7 +101,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     w_ref_only, ref_only = _split_weights(ref_only, ref_bundle)
     w_cand_only, cand_only = _split_weights(cand_only, cand_bundle)
     renamed = weights_by_suggestion(renames.rules if renames else (), w_ref_only, w_cand_only, ref_bundle,
-                                    cand_bundle, criteria)
+                                    cand_bundle, criteria, compare) if compare else []
     if renamed:    # a renamed weight that differs is a finding, not an unpaired record: never a match over it
         weights = sorted(weights + renamed, key=lambda p: p.order)
         w_ref_only = [n for n in w_ref_only if n not in {p.name for p in renamed}]
@@ -143,12 +145,10 @@ def _capture_level(bundle: Any) -> str | None:
 
 
 def weights_by_suggestion(rules: Sequence[str], ref_only: Sequence[str], cand_only: Sequence[str], ref_bundle: Any,
-                          cand_bundle: Any, criteria: Criteria) -> list[PairResult]:
+                          cand_bundle: Any, criteria: Criteria, compare: Callable[..., PairResult]) -> list[PairResult]:
     """The unpaired weights that the suggested rename rules pair, compared (match "rule (suggested)"). Weights
     with the same content already pair by digest, so these are the renamed weights whose content differs: a
     weight bug in a renamed block, which the model output may hide (a norm after it cancels a scale)."""
-    from .align import Pair, parse_rule
-    from .core import compare_pair
     if not rules or not ref_only or not cand_only:
         return []
     parsed = [parse_rule(r) for r in rules]
@@ -159,7 +159,7 @@ def weights_by_suggestion(rules: Sequence[str], ref_only: Sequence[str], cand_on
         rr, cr = ref_bundle.get(name) if name in refs else None, cand_bundle.get(c)
         if rr is not None and cr is not None:
             refs.discard(name)
-            out.append(compare_pair(ref_bundle, cand_bundle, Pair(rr, cr, MATCH_SUGGESTED), criteria))
+            out.append(compare(ref_bundle, cand_bundle, Pair(rr, cr, MATCH_SUGGESTED), criteria))
     return out
 
 

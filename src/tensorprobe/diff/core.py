@@ -98,7 +98,7 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
         ref_records=ref_b.records, ref_only=[r.name for r in alignment.ref_only],
         cand_only=[c.name for c in alignment.cand_only], notes=[], incomplete=_incomplete(ref_b, cand_b),
         ref_bundle=ref_b, cand_bundle=cand_b, environment_notes=explain_environment(ref_env, cand_env),
-        noise=noise, reduced=reduced)
+        noise=noise, reduced=reduced, compare=compare_pair)
 
 
 def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool = False,
