@@ -308,6 +308,12 @@ def clean_runs():
          frames(), 100, {"clip": 1.0, "schedule": True}),
         ("LSTM, SGD momentum", Recurrent, lambda m: torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), frames(),
          100, {}),
+        # slow starters: flat output and the mean's loss for ~15 steps (seed 1), a falling loss crossing a
+        # per-channel mean's cost for 10 steps (seed 4); both were alarms before the rules asked 'still learning?'
+        ("LSTM, SGD momentum, seed 1", lambda: Recurrent(1), lambda m: torch.optim.SGD(m.parameters(), 0.05,
+                                                                                      momentum=0.9), frames(), 100, {}),
+        ("LSTM, SGD momentum, seed 4", lambda: Recurrent(4), lambda m: torch.optim.SGD(m.parameters(), 0.05,
+                                                                                      momentum=0.9), frames(), 100, {}),
         ("fp16 autocast + GradScaler", Encoder, lambda m: torch.optim.Adam(m.parameters(), 1e-3), frames(), 100,
          {"fp16": True}),
         ("linear fit converging to ~0 and plateauing", lambda: torch.nn.Linear(16, 16),

@@ -386,12 +386,17 @@ class LossTrend:
 COLLAPSE_VS_TARGET = 0.1   # a prediction's spread below a tenth of its target's (or of its own first steps)
 EARLY_STEPS = 5            # the steps whose spread is "its own spread in the first steps"
 MEAN_LOSS_TOL = 0.05       # a loss within 5% of what predicting the targets' mean costs
+FROM_START_PATIENCE = 3    # a state held since step 0 needs 3x the patience: most models start near-constant
+RISING = 1.25              # a prediction whose spread grew 25% since it went low is learning, not collapsed
+LEARNING_BELOW = 0.97      # a loss under 97% of the mean's cost and still falling (by 1% of it in `patience` steps)
+LEARNING_FALL = 0.01       # is a model learning, slowly: no collapse, no loss-at-mean while it lasts
 
 
 class DataCollapse:
     """A watched prediction whose spread across batch and time (per channel) stays below a tenth of its
-    target's, or of its own spread in its first steps, for `patience` steps (a constant from step 0 included),
-    and a loss that stays at what predicting the targets' mean would cost."""
+    target's, or of its own spread in its first steps, for `patience` steps (a constant from step 0 for three
+    times as long: an initialisation that is slow to start learning is not a collapse), and a loss that stays at
+    what predicting the targets' mean would cost."""
 
     def __init__(self, patience: int):
         self.patience = patience
@@ -399,10 +404,14 @@ class DataCollapse:
         self.low_for: dict[str, int] = {}
         self.low_start: dict[str, float] = {}
         self.at_mean_for = 0
+        self.updates = 0    # how many steps were judged: a state held for all of them was held since the start
+        self.ratios: list[float] = []   # loss / cost of predicting the targets' global mean, per judged step
         self.episodes = Episodes()
 
     def update(self, step: int, stats: dict[str, dict[str, float]], loss: float | None) -> list[dict[str, Any]]:
         out = []
+        self.updates += 1
+        learning = self._learning(stats, loss)
         for name, s in stats.items():
             spread, target = s["spread"], s.get("target_spread")
             early = self.early.setdefault(name, [])
@@ -419,9 +428,12 @@ class DataCollapse:
             if low and self.low_for.get(name, 0) == 0:
                 self.low_start[name] = spread
             self.low_for[name] = self.low_for.get(name, 0) + 1 if low else 0
-            # a prediction still growing its spread is learning, not collapsed
-            rising = spread > 2 * self.low_start.get(name, spread) + 1e-12
-            collapsed = self.low_for[name] >= self.patience and not rising
+            # a prediction still growing its spread is learning, not collapsed; one that has been low since
+            # step 0 may just be an initialisation that has not started to learn (an LSTM under SGD takes ~20 steps)
+            rising = spread > RISING * self.low_start.get(name, spread) + 1e-12
+            from_start = self.low_for[name] == self.updates
+            patience = self.patience * (FROM_START_PATIENCE if from_start else 1)
+            collapsed = self.low_for[name] >= patience and not rising and not learning
             if self.episodes.start(name, collapsed):
                 since = step - self.low_for[name] + 1
                 out.append(finding(step, "output_collapse", "error",
@@ -429,17 +441,32 @@ class DataCollapse:
                                    f"(since step {since}): the model outputs a near-constant; check the target "
                                    "normalisation and the loss (a model that predicts the mean pays only the "
                                    "targets' variance)", layer=name, value=spread, reference=ref, since=since))
-        out += self._loss_at_mean(step, stats, loss)
+        out += self._loss_at_mean(step, stats, loss, learning)
         return out
 
-    def _loss_at_mean(self, step: int, stats: dict[str, dict[str, float]], loss: float | None) -> list[dict[str, Any]]:
+    def _learning(self, stats: dict[str, dict[str, float]], loss: float | None) -> bool:
+        """Whether the loss is below what predicting the targets' global mean costs, and still falling: a model
+        slow to start (an LSTM under SGD beats the mean by 1% a step after ~15 steps at it) is not collapsed,
+        and a falling loss that crosses a per-channel mean's cost on its way down has not 'stayed' there."""
+        globals_ = [s["mean_baselines"][0] for s in stats.values() if s.get("mean_baselines")]
+        if loss is None or not math.isfinite(loss) or not globals_ or max(globals_) <= 0:
+            return False
+        self.ratios.append(loss / max(globals_))
+        recent, before = self.ratios[-self.patience:], self.ratios[-2 * self.patience:-self.patience]
+        return (len(before) == self.patience and median(recent) < LEARNING_BELOW
+                and median(before) - median(recent) > LEARNING_FALL)
+
+    def _loss_at_mean(self, step: int, stats: dict[str, dict[str, float]], loss: float | None,
+                      learning: bool = False) -> list[dict[str, Any]]:
         baselines = [b for s in stats.values() for b in s.get("mean_baselines", ())]
         if loss is None or not math.isfinite(loss) or not baselines:
             return []
         near = min(baselines, key=lambda b: abs(loss - b))
         at_mean = near > 0 and abs(loss - near) <= MEAN_LOSS_TOL * near
         self.at_mean_for = self.at_mean_for + 1 if at_mean else 0
-        if self.episodes.start("loss@mean", self.at_mean_for >= self.patience):
+        from_start = self.at_mean_for == self.updates
+        patience = self.patience * (FROM_START_PATIENCE if from_start else 1)
+        if self.episodes.start("loss@mean", self.at_mean_for >= patience and not learning):
             return [finding(step, "loss_at_mean", "error",
                             f"the loss has stayed at {loss:.4g} for {self.at_mean_for} steps, the cost of "
                             f"predicting the targets' mean ({near:.4g}): the model has learnt nothing of the "
