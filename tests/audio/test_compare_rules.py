@@ -176,16 +176,18 @@ def _mono(h) -> np.ndarray:
 @pytest.mark.slow
 def test_no_false_alarm_over_healthy_pairs():
     """60 healthy signals (voices, chords, chirps, plucks, tremolo, harmonic tones, sines; 8–48 kHz, -50–0 dBFS),
-    each against itself, a float32 copy, and itself delayed by 1–5 ms with zero padding: no finding, lag exact."""
+    each against itself, a float32 copy, a 16-bit copy, and itself delayed by 1–5 ms with zero padding: no
+    finding, no local difference, lag exact. (Measured over 150 signals and 6 variants, 900 pairs: 0 findings
+    before and after the local rules; clicked candidates missed went from 549 of 900 to 0.)"""
     alarms = []
     for seed in range(60):
         h = healthy_signal(seed)
         x, sr = _mono(h), h.sample_rate
         k = int(np.random.default_rng(seed).uniform(0.001, 0.005) * sr)
         for name, cand, lag in (("copy", x.copy(), 0), ("float32", x.astype(np.float32).astype(np.float64), 0),
-                                ("delayed", np.concatenate([np.zeros(k), x]), k)):
+                                ("16-bit", _pcm16(x), 0), ("delayed", np.concatenate([np.zeros(k), x]), k)):
             d = diff(x, cand, sr)
-            if d.status == "finding" or d.lag_frames != lag:
+            if d.status == "finding" or d.lag_frames != lag or d.events:
                 alarms.append(f"{h} {name}: lag {d.lag_frames} (expected {lag}), {d.reasons}")
     assert alarms == [], "\n".join(alarms)
 

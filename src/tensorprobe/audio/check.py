@@ -29,6 +29,8 @@ Checks, in report order (figure → verdict):
                                           stuck_level_db from the channel's peak: pauses at zero and clipping excluded)
     dc_offset     |mean| / peak (worst ch) warning above dc_offset (a share of the channel's own peak)
     clipping      share of clipped samples warning / error above clip_share_warning / clip_share_error
+    clicks        count of clicks/pops    error above max_clicks: a sample jumps click_ratio times further from what
+                                          the signal's recent course predicts than any sample nearby (times in details)
     noise_like    spectral flatness       error above noise_flatness (long-term spectrum flat like white noise)
 
 Figures are computed on the finite samples; dBFS is relative to full scale 1.0 (integer PCM is scaled by
@@ -56,7 +58,7 @@ SKIPPED = "skipped"
 DB_FLOOR = -240.0
 
 CHECK_NAMES = ("length", "sample_rate", "channels", "non_finite", "scale", "silence", "near_constant", "stuck",
-               "dc_offset", "clipping", "noise_like")
+               "dc_offset", "clipping", "clicks", "noise_like")
 # Thresholds that no longer exist, and what replaced them (named in the error when one is overridden).
 RETIRED_THRESHOLDS = {"near_constant_std": "near_constant_db (near-constant is judged against the signal's own "
                                            "level, in dB)"}
@@ -90,6 +92,9 @@ class Thresholds:
     clip_min_run: float = 3            # ... and is counted when it sits in a flat run at least this long
     clip_share_warning: float = 0.001  # warning: share of clipped samples above this
     clip_share_error: float = 0.05     # error: share of clipped samples above this
+    click_ratio: float = 4.0           # a click: a sample this many times further from its prediction than any nearby
+    click_level_db: float = -40.0      # ... and at least this close to the channel's peak (dB)
+    max_clicks: float = 0              # error: more clicks than this
     noise_flatness: float = 0.6        # error: spectral flatness of the long-term spectrum above this
 
     @classmethod
@@ -627,6 +632,33 @@ def check_clipping(s: _Signal, t: Thresholds) -> Verdict:
     return _verdict("clipping", None, share, "share", t.clip_share_warning, ERROR, msg, **details)
 
 
+def check_clicks(s: _Signal, t: Thresholds) -> Verdict:
+    if is_silent(s, t):
+        return _skipped("clicks", ERROR, "clicks", "silent")
+    if _near_constant_channels(s, t):
+        return _skipped("clicks", ERROR, "clicks", "near-constant (reported by the near_constant check)")
+    if s.sample_rate <= 0 or not math.isfinite(s.sample_rate):
+        return _skipped("clicks", ERROR, "clicks", "no valid sample rate")
+    if not s.finite.all():   # leaving them out would join samples that were apart: a jump of our own making
+        return _skipped("clicks", ERROR, "clicks", "non-finite samples (reported by the non_finite check)")
+    from .events import clicks
+
+    step = s.encoding.step if s.encoding is not None and not s.is_float else 0.0
+    found = sorted((k for c, v in enumerate(s.channel_values())
+                    for k in clicks(v, s.sample_rate, ratio=t.click_ratio, level_db=t.click_level_db, step=step,
+                                    channel=c)), key=lambda k: (k.frame, k.channel))
+    details = {"clicks": [k.to_dict() for k in found[:MAX_LISTED_CLICKS]]}
+    if len(found) > t.max_clicks:
+        more = f"; then at t = {', '.join(f'{k.time_s:.3f}' for k in found[1:6])} s" if len(found) > 1 else ""
+        return _verdict("clicks", ERROR, len(found), "clicks", t.max_clicks, ERROR,
+                        f"{len(found)} click{'s' if len(found) > 1 else ''}/pop{'s' if len(found) > 1 else ''}: "
+                        f"the first at {found[0].describe()}{more}", **details)
+    return _verdict("clicks", None, 0, "clicks", t.max_clicks, ERROR, "no clicks", **details)
+
+
+MAX_LISTED_CLICKS = 20   # the details list the first clicks; the figure counts them all
+
+
 def spectral_flatness(mono: np.ndarray, sample_rate: float) -> float:
     """Flatness (geometric / arithmetic mean, DC excluded) of the Welch long-term power spectrum: ~1 for white noise."""
     n = mono.size
@@ -674,11 +706,11 @@ def check_noise_like(s: _Signal, t: Thresholds) -> Verdict:
 
 
 _SIGNAL_CHECKS = (check_scale, check_silence, check_near_constant, check_stuck, check_dc_offset, check_clipping,
-                  check_noise_like)
+                  check_clicks, check_noise_like)
 _SEVERITY = {"scale": ERROR, "silence": ERROR, "near_constant": ERROR, "stuck": ERROR, "dc_offset": WARNING,
-             "clipping": ERROR, "noise_like": ERROR}
+             "clipping": ERROR, "clicks": ERROR, "noise_like": ERROR}
 _UNITS = {"scale": "peak", "silence": "dBFS", "near_constant": "dB", "stuck": "s", "dc_offset": "|mean|/peak",
-          "clipping": "share", "noise_like": "flatness"}
+          "clipping": "share", "clicks": "clicks", "noise_like": "flatness"}
 
 
 def check(array: Any, sample_rate: float, thresholds: Thresholds | None = None, *, source: str = "<array>",

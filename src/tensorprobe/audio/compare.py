@@ -9,6 +9,10 @@ Three things make a difference whatever the figures say: non-finite samples (NaN
 figures are then taken with them set to 0, the SNR is -inf and the correlations are not given), a length
 difference above `length_tolerance_s` (20 ms; both durations are reported), and a side with no samples.
 
+Short events are judged a few milliseconds at a time as well (`tensorprobe.audio.events`): a 5 ms burst, a pulse
+or a one-sample dropout in otherwise matching audio is `differs`, with its time, whatever the whole-file figures
+say. Channel layouts are compared too: a stereo file is never `identical` to a mono one.
+
 The verdict is not fooled by phase. A vocoder whose sine source drifts in phase can give a waveform
 correlation near zero while its spectrogram matches and it sounds the same: that is "magnitude matches,
 phase differs" (status ok). Waveforms that correlate while one band of the spectrogram is off is a real
@@ -33,6 +37,7 @@ import numpy as np
 
 from ..errors import InputError
 from .check import _jsonable, to_frames, to_unit_scale
+from .events import LocalDifference, local_differences, merge_events, spectral_frame_events
 
 VERDICT_LABELS = {
     "identical": "identical",
@@ -59,6 +64,13 @@ class DiffThresholds:
     mel_region_db: float = 12.0   # ... and no time-frequency region is off by more than this on average
     length_tolerance_s: float = 0.02  # lengths differing by more than this (seconds) differ, whatever the overlap
     align_min_corr: float = 0.5   # a lag is used only if the aligned |correlation| reaches this (else lag 0)
+    # Local differences, judged 5 ms at a time (tensorprobe.audio.events): the difference peaks no more than
+    # event_snr_db below the reference's RMS there, event_margin_db below how closely the two agree elsewhere
+    # (median over the file), and no lower than event_level_db under the reference's loud level.
+    event_snr_db: float = 10.0
+    event_margin_db: float = 20.0
+    event_level_db: float = -40.0
+    mel_frame_db: float = 10.0    # ... or one log-mel frame differs by more than this on average over its bands
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,8 @@ class AudioDiff:
     notes: tuple[str, ...] = ()
     names: tuple[str, str] = ("reference", "candidate")
     non_finite: tuple["NonFinite | None", "NonFinite | None"] = (None, None)
+    events: tuple[LocalDifference, ...] = ()
+    channels: tuple[int, int] = (1, 1)
     arrays: _Arrays | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -124,7 +138,9 @@ class AudioDiff:
                 "snr_db": _jsonable(self.snr_db), "level_db": _jsonable(self.level_db),
                 "mel": _deep_json(self.mel), "mrstft": _deep_json(self.mrstft), "notes": list(self.notes),
                 "non_finite": {side: (None if nf is None else nf.to_dict())
-                               for side, nf in zip(("reference", "candidate"), self.non_finite)}}
+                               for side, nf in zip(("reference", "candidate"), self.non_finite)},
+                "events": [e.to_dict() for e in self.events],
+                "channels": {"reference": self.channels[0], "candidate": self.channels[1]}}
 
 
 @dataclass(frozen=True)
@@ -167,12 +183,16 @@ def _deep_json(v: Any) -> Any:
 
 # --------------------------------------------------------------------------------------------- helpers
 
-def _mono(x: Any, what: str) -> tuple[np.ndarray, list[str]]:
+def _channels(x: Any, what: str) -> tuple[np.ndarray, list[str]]:
+    """Samples at unit scale as (frames, channels), and the note of a mix-down."""
     frames, _ = to_frames(x)
     data, _ = to_unit_scale(frames)
-    notes = [f"{what}: {data.shape[1]} channels mixed down to mono"] if data.shape[1] > 1 else []
+    return data, [f"{what}: {data.shape[1]} channels mixed down to mono"] if data.shape[1] > 1 else []
+
+
+def _mix(data: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
-        return data.mean(axis=1), notes
+        return data.mean(axis=1)
 
 
 def pearson(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -423,16 +443,19 @@ def diff(ref: Any, cand: Any, sample_rate: float, *, cand_sample_rate: float | N
     t = thresholds or DiffThresholds()
     if not sample_rate or sample_rate <= 0:
         raise InputError(f"sample rate must be positive, got {sample_rate!r}")
-    r, notes = _mono(ref, names[0])
-    c, more = _mono(cand, names[1])
+    rch, notes = _channels(ref, names[0])
+    cch, more = _channels(cand, names[1])
     notes += more
+    r, c = _mix(rch), _mix(cch)
     bad = (NonFinite.of(r, sample_rate), NonFinite.of(c, cand_sample_rate or sample_rate))
     r, c = _finite_or_zero(r), _finite_or_zero(c)   # the figures are taken with them at 0; the verdict says so
-    if cand_sample_rate and cand_sample_rate != sample_rate and c.size:
-        c = _resample(c, cand_sample_rate, sample_rate)
+    resampled = bool(cand_sample_rate and cand_sample_rate != sample_rate and c.size)
+    if resampled:
+        cch = _resample(_finite_or_zero(cch), cand_sample_rate, sample_rate)
+        c = _mix(cch)
         notes.append(f"{names[1]} resampled from {cand_sample_rate:g} Hz to {sample_rate:g} Hz")
     if min(r.size, c.size) < MIN_OVERLAP:
-        return _unmeasured(r, c, float(sample_rate), bad, notes, names, t)
+        return _unmeasured(r, c, float(sample_rate), bad, notes, names, t, (int(rch.shape[1]), int(cch.shape[1])))
     lag, more = _reliable_lag(r, c, int(max_lag_s * sample_rate), t)
     notes += more
     ra, ca = align(r, c, lag)
@@ -440,11 +463,14 @@ def diff(ref: Any, cand: Any, sample_rate: float, *, cand_sample_rate: float | N
         raise InputError(f"after alignment only {ra.size} samples overlap: too short to compare")
     m = min(r.size, c.size)
     finite = bad == (None, None)
-    identical = finite and lag == 0 and r.size == c.size and bool(np.array_equal(r, c))
+    identical = finite and lag == 0 and r.size == c.size and bool(np.array_equal(r, c))   # the mix-downs
     ref_db, cand_db, hz, hop = log_mel_pair(ra, ca, sample_rate, n_mels)
     mel = mel_difference(ref_db, cand_db, hz, hop, sample_rate)
+    events, mel["worst_frame"] = _local_events(ra, ca, ref_db, cand_db, hop, sample_rate, lag, resampled, t)
     corr = pearson(ra, ca)
     verdict, reasons = _verdict(corr, mel, identical, t)
+    verdict, reasons = _local_rule(verdict, reasons, events, ra, ca, sample_rate, max(0, -lag), t)
+    verdict, reasons = _channel_rules(verdict, reasons, rch, _finite_or_zero(cch), lag, t)
     verdict, reasons = _whole_signal_rules(verdict, reasons, r.size, c.size, ra.size, bad, mel["mean_db"],
                                            sample_rate, t)
     reasons += _extra_reasons(r, c, lag, corr, sample_rate, t)
@@ -454,8 +480,8 @@ def diff(ref: Any, cand: Any, sample_rate: float, *, cand_sample_rate: float | N
                      lag_frames=lag, corr_before=pearson(r[:m], c[:m]) if finite else None,
                      corr_after=corr if finite else None, snr_db=snr_db(ra, ca) if finite else -math.inf,
                      level_db=level, mel=mel, mrstft=mrstft_distance(ra, ca, sample_rate), verdict=verdict,
-                     reasons=tuple(reasons), notes=tuple(notes), names=names, non_finite=bad,
-                     arrays=_Arrays(ra, ca, ref_db, cand_db, hop, hz))
+                     reasons=tuple(reasons), notes=tuple(notes), names=names, non_finite=bad, events=tuple(events),
+                     channels=(int(rch.shape[1]), int(cch.shape[1])), arrays=_Arrays(ra, ca, ref_db, cand_db, hop, hz))
 
 
 MIN_OVERLAP = 64   # samples: below this no spectrogram or correlation is worth giving
@@ -463,6 +489,94 @@ MIN_OVERLAP = 64   # samples: below this no spectrogram or correlation is worth 
 
 def _finite_or_zero(x: np.ndarray) -> np.ndarray:
     return x if np.isfinite(x).all() else np.where(np.isfinite(x), x, 0.0)
+
+
+# ------------------------------------------------------------------------------------- local events
+
+RESAMPLER_EDGE_S = 0.005   # a resampled candidate's first and last 5 ms hold its filter's settling
+
+
+def _local_events(ra: np.ndarray, ca: np.ndarray, ref_db: np.ndarray, cand_db: np.ndarray, hop: int, sr: float,
+                  lag: int, resampled: bool, t: DiffThresholds) -> tuple[list[LocalDifference], dict[str, Any]]:
+    """Short events in the aligned overlap (waveform and spectrogram rules, tensorprobe.audio.events), in the
+    reference's time; and the log-mel frame that differs most."""
+    offset_s = max(0, -lag) / sr
+    wave = local_differences(ra, ca, sr, snr_db=t.event_snr_db, margin_db=t.event_margin_db,
+                             level_db=t.event_level_db, offset_s=offset_s,
+                             edge_s=RESAMPLER_EDGE_S if resampled else 0.0)
+    spectral, worst = spectral_frame_events(ref_db, cand_db, hop, sr, limit_db=t.mel_frame_db, offset_s=offset_s)
+    return merge_events(wave, spectral), worst
+
+
+def _local_rule(verdict: str, reasons: list[str], events: list[LocalDifference], ra: np.ndarray, ca: np.ndarray,
+                sr: float, ref_start: int, t: DiffThresholds) -> tuple[str, list[str]]:
+    """Any local event makes the verdict `differs`, said first with its time; the overall figures follow as
+    what holds elsewhere. A waveform correlation lowered by the events alone is not a phase difference."""
+    if not events:
+        return verdict, reasons
+    n = len(events)
+    first = (f"a local difference {events[0].describe()}" if n == 1 else
+             f"{n} local differences; the first {events[0].describe()}")
+    others = [f"{e.at_s:.3f} s" for e in events[1:6]]
+    if others:
+        first += f"; the others at t = {', '.join(others)}" + (" ..." if n > 6 else "")
+    if verdict == "differs":
+        return verdict, [first, *reasons]
+    outside = _corr_outside(ra, ca, events, sr, ref_start)
+    if verdict == "phase_differs" and outside is not None and outside >= t.wave_corr:
+        reasons = [f"outside the local difference{'s' if n > 1 else ''} the waveforms correlate ({outside:.3f}) "
+                   f"and the log-mel spectrograms agree on average: they match there"]
+    return "differs", [first, *(f"overall: {r}" for r in reasons[:1]), *reasons[1:]]
+
+
+def _corr_outside(ra: np.ndarray, ca: np.ndarray, events: list[LocalDifference], sr: float,
+                  ref_start: int) -> float | None:
+    keep = np.ones(ra.size, dtype=bool)
+    for e in events:
+        lo, hi = int(e.start_s * sr) - ref_start, int(math.ceil(e.end_s * sr)) - ref_start
+        keep[max(0, lo):max(0, hi)] = False
+    return pearson(ra[keep], ca[keep]) if keep.sum() >= MIN_OVERLAP else None
+
+
+# ----------------------------------------------------------------------------------------- channels
+
+def _channel_rules(verdict: str, reasons: list[str], rch: np.ndarray, cch: np.ndarray, lag: int,
+                   t: DiffThresholds) -> tuple[str, list[str]]:
+    """A layout difference is said (mono against stereo is never `identical`); with the same channel count,
+    a channel that departs from its counterpart while the mix-down matches (swapped, one altered) differs."""
+    nr, nc = rch.shape[1], cch.shape[1]
+    if nr != nc:
+        said = (f"channel layout differs: the reference has {_layout(rch)}, the candidate {_layout(cch)}; "
+                f"compared mixed down to mono")
+        if verdict == "identical":
+            return "match", [said, "the mono mix-downs are sample-for-sample identical"]
+        return verdict, [said, *reasons]
+    if verdict == "identical":
+        if np.array_equal(rch, cch):
+            return verdict, reasons
+        verdict, reasons = "match", ["the mix-downs are sample-for-sample identical, the channels are not"]
+    if nr == 1 or verdict != "match":
+        return verdict, reasons
+    corr = np.array([[pearson(*align(rch[:, j], cch[:, k], lag)) or 0.0 for k in range(nc)] for j in range(nr)])
+    own = np.diag(corr)
+    if (own >= t.wave_corr).all():
+        return verdict, reasons
+    best = np.argmax(corr, axis=0)   # for each candidate channel, the reference channel it matches best
+    if sorted(best.tolist()) == list(range(nr)) and (corr[best, np.arange(nc)] >= t.wave_corr).all():
+        moved = ", ".join(f"the candidate's channel {k} is the reference's channel {j}" for k, j in enumerate(best)
+                          if j != k)
+        return "differs", [f"channels are in another order: {moved} (the mix-down matches)", *reasons]
+    k = int(np.argmin(own))
+    return "differs", [f"channel {k} departs from the reference's channel {k} (waveform correlation {own[k]:.3f} "
+                       f"< {t.wave_corr:g}) while the mix-down matches", *reasons]
+
+
+def _layout(x: np.ndarray) -> str:
+    n = x.shape[1]
+    if n == 1:
+        return "1 channel (mono)"
+    same = all(np.array_equal(x[:, 0], x[:, k]) for k in range(1, n))
+    return f"{n} channels" + (" (all equal)" if same else "")
 
 
 def _whole_signal_rules(verdict: str, reasons: list[str], n_ref: int, n_cand: int, n_overlap: int,
@@ -505,7 +619,8 @@ def _length_finding(n_ref: int, n_cand: int, sr: float, t: DiffThresholds) -> st
 
 
 def _unmeasured(r: np.ndarray, c: np.ndarray, sr: float, bad: tuple[NonFinite | None, NonFinite | None],
-                notes: list[str], names: tuple[str, str], t: DiffThresholds) -> AudioDiff:
+                notes: list[str], names: tuple[str, str], t: DiffThresholds,
+                channels: tuple[int, int] = (1, 1)) -> AudioDiff:
     """A side too short for any figure: a finding when a side is empty, holds non-finite samples or the
     lengths differ beyond the tolerance; otherwise there is nothing to judge (bad input)."""
     sides = [(side, x.size) for side, x in (("reference", r), ("candidate", c)) if x.size < MIN_OVERLAP]
@@ -518,7 +633,7 @@ def _unmeasured(r: np.ndarray, c: np.ndarray, sr: float, bad: tuple[NonFinite | 
     return AudioDiff(sample_rate=sr, ref_frames=int(r.size), cand_frames=int(c.size), lag_frames=0,
                      corr_before=None, corr_after=None, snr_db=-math.inf if bad != (None, None) else None,
                      level_db=None, mel={}, mrstft={}, verdict="differs", reasons=tuple(short + findings),
-                     notes=tuple(notes), names=names, non_finite=bad)
+                     notes=tuple(notes), names=names, non_finite=bad, channels=channels)
 
 
 def _reliable_lag(r: np.ndarray, c: np.ndarray, max_lag: int, t: DiffThresholds) -> tuple[int, list[str]]:
@@ -549,9 +664,10 @@ def _extra_reasons(r: np.ndarray, c: np.ndarray, lag: int, corr: float | None, s
 
 
 def _resample(x: np.ndarray, from_sr: float, to_sr: float) -> np.ndarray:
+    """`x` (samples along axis 0) at `to_sr`."""
     from fractions import Fraction
 
     from scipy.signal import resample_poly
 
     frac = Fraction(int(round(to_sr)), int(round(from_sr))).limit_denominator(1000)
-    return resample_poly(x, frac.numerator, frac.denominator)
+    return resample_poly(x, frac.numerator, frac.denominator, axis=0)

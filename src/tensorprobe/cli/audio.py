@@ -29,7 +29,7 @@ def check_cmd(
         help="Override a threshold, e.g. -t silence_peak_dbfs=-50 (repeatable; names in docs/guide-audio-tts.md)."),
     json_out: bool = JsonOption,
 ) -> None:
-    """Health-check audio files: NaN, silence, clipping, absurd scale, DC offset, noise, length, layout.
+    """Health-check audio files: NaN, silence, clipping, clicks, absurd scale, DC offset, noise, length, layout.
 
     Exits 1 if any file has an error-level verdict (so it can gate CI), 2 on unreadable input."""
     from ..audio import Thresholds, check_file
@@ -77,8 +77,9 @@ def diff_cmd(
     json_out: bool = JsonOption,
 ) -> None:
     """Compare CAND with REF: lag, correlation, SNR, log-mel and multi-resolution STFT differences, and a
-    verdict that tells a phase-only difference from a real one. Exits 1 on a real difference (NaN/Inf samples,
-    an empty side and a length difference above --length-tolerance are one)."""
+    verdict that tells a phase-only difference from a real one. Exits 1 on a real difference (a local one, such
+    as a 5 ms burst or a dropout, with its time; NaN/Inf samples, an empty side and a length difference above
+    --length-tolerance are one too)."""
     from ..audio import DiffThresholds, diff, load
     from ..report.audio import render_audio_diff, write_diff_html
 
