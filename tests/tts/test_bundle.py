@@ -130,3 +130,18 @@ def test_cli_duration_clamp(tmp_path):
     assert (finding["check"], finding["severity"], finding["figures"]["bound"]) == ("clamped", "error", 1)
     res = runner.invoke(app, ["tts", "check", str(pinned), "--duration-clamp", "a:b"])
     assert res.exit_code == 2 and "--duration-clamp expects" in res.output
+
+
+def test_cli_tts_check_a_40_sample_output_exits_1_unless_the_threshold_is_lowered(tmp_path):
+    p = save_stages(tmp_path / "short.npz", phonemes="həlˈO", ids=np.array([0, 50, 83, 54, 156, 31, 0]),
+                    audio=good_audio()[6000:6040], sample_rate=24000)
+    res = runner.invoke(app, ["tts", "check", str(p), "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    assert doc["report"]["first_bad_stage"] == "audio"
+    assert any(f["check"] == "length" and f["severity"] == "error" and "too short to be speech" in f["message"]
+               for f in doc["report"]["findings"])
+    res = runner.invoke(app, ["tts", "check", str(p), "-t", "min_speech_s=0.001"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["tts", "check", str(p), "-t", "no_such=1"])
+    assert res.exit_code == 2 and "unknown threshold" in res.output

@@ -317,3 +317,18 @@ def test_quiet_audio_is_not_an_error_and_its_level_is_noted(level_dbfs):
     summary = c.report().summaries["audio"]
     assert summary["peak_dbfs"] == pytest.approx(level_dbfs, abs=0.01)
     assert ("notes" in summary) == (level_dbfs < -40)
+
+
+def test_a_40_sample_output_is_an_error_of_the_audio_stage():
+    # Under 2 ms of audio is no utterance: an error, so the run's status is error (it was a warning).
+    tt = np.arange(24000) / 24000
+    speech = (0.3 * np.sin(2 * np.pi * 150 * tt) * np.sin(2 * np.pi * 2 * tt)).astype(np.float32)
+    c = StageChecker(sample_rate=24000)
+    assert ("audio", "length", "error") in checks(c.audio(speech[6000:6040]))
+    assert c.report().status == "error" and c.report().first_bad_stage == "audio"
+    # the whole utterance passes, and 10 ms of it (240 samples) is short but no longer an error
+    assert checks(StageChecker().audio(speech, 24000)) == []
+    assert ("audio", "length", "warning") in checks(StageChecker().audio(speech[6000:6240], 24000))
+    from tensorprobe.audio.check import Thresholds
+    relaxed = StageChecker(audio_thresholds=Thresholds(min_speech_s=0.001))
+    assert ("audio", "length", "warning") in checks(relaxed.audio(speech[6000:6040], 24000))

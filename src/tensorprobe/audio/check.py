@@ -15,7 +15,8 @@ fires (error or warning). Thresholds live in the frozen `Thresholds` dataclass; 
 
 Checks, in report order (figure → verdict):
 
-    length        samples / seconds       error when empty, warning when shorter than min_duration_s
+    length        samples / seconds       error when empty or shorter than min_speech_s (10 ms: too short to be
+                                          speech), warning when shorter than min_duration_s
     sample_rate   Hz                      error when not a positive integer, warning outside [min, max]
     channels      channel count           error when the layout can't be read as audio, warning above max_channels
     non_finite    count of NaN/Inf        error above max_nonfinite (first index in details)
@@ -74,6 +75,7 @@ class Thresholds:
     """
 
     min_duration_s: float = 0.05       # warning: shorter than this (empty is always an error)
+    min_speech_s: float = 0.01         # error: shorter than this is too short to be speech (a phone lasts 30+ ms)
     min_sample_rate: float = 8000.0    # warning: sample rate outside [min_sample_rate, max_sample_rate]
     max_sample_rate: float = 192000.0
     max_channels: float = 2            # warning: more channels than this
@@ -366,6 +368,12 @@ def check_length(s: _Signal, t: Thresholds) -> Verdict:
     seconds = n / s.sample_rate if s.sample_rate > 0 else 0.0
     if n == 0:
         return _verdict("length", ERROR, 0, "frames", 0, ERROR, "empty: the audio has no samples", seconds=0.0)
+    if 0 < s.sample_rate < math.inf and seconds < t.min_speech_s:
+        # A decoder that returns a handful of samples (a 40-sample output at 24 kHz, 1.7 ms) has failed, not
+        # spoken briefly: the shortest phone lasts tens of milliseconds. (An invalid rate is its own error.)
+        return _verdict("length", ERROR, n, "frames", t.min_speech_s, ERROR,
+                        f"too short to be speech: {n} frames, {seconds * 1000:.2f} ms at {s.sample_rate:g} Hz, "
+                        f"is under {t.min_speech_s * 1000:g} ms", seconds=seconds)
     if s.sample_rate > 0 and seconds < t.min_duration_s:
         return _verdict("length", WARNING, n, "frames", t.min_duration_s, ERROR,
                         f"too short: {seconds * 1000:.1f} ms is under {t.min_duration_s * 1000:.0f} ms",

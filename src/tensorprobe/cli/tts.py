@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -53,11 +53,19 @@ def check_cmd(
                                              "duration bound) seen in training replace --mel-min/--mel-max."),
     reference_mel: Optional[str] = typer.Option(None, "--reference-mel", help="The record of TRAIN_STATS that is "
                                                 "the mel (default: mel, mel_out or output)."),
+    threshold: Optional[List[str]] = typer.Option(
+        None, "--threshold", "-t", metavar="NAME=VALUE",
+        help="Override a threshold of the audio stage's check, as in `audio check`, e.g. -t min_speech_s=0.005 "
+             "(repeatable; names in docs/guide-audio-tts.md)."),
     json_out: bool = JsonOption,
 ) -> None:
     """Check a recorded TTS run stage by stage; exit 1 on any error finding."""
     try:
         opts: dict = {"mel_range": (mel_min, mel_max), "max_duration_frames": max_duration}
+        if threshold:
+            from ..audio.check import Thresholds, parse_threshold_options
+
+            opts["audio_thresholds"] = Thresholds().with_overrides(parse_threshold_options(threshold))
         if duration_clamp is not None:
             opts["duration_clamp"] = _parse_clamp(duration_clamp)
         if reference is not None:
