@@ -67,15 +67,47 @@ def show_cmd(
         emit_json("rng show", "ok", {"bundle": str(bundle), "entries": [
             {**e.to_dict(), "replayed": TAG_REPLAYED in r.tags} for e, r in zip(entries, recs)]})
         return
-    replayed = sum(TAG_REPLAYED in r.tags for r in recs)
-    _table(entries, f"{len(entries)} random ops in {bundle}" + (f", {replayed} replayed" if replayed else ""))
+    replayed = [TAG_REPLAYED in r.tags for r in recs]
+    _table(entries, f"{len(entries)} random ops in {bundle}", replayed)
+    console.print(escape(replayed_words(entries, replayed)))
 
 
-def _table(entries: list[NoiseEntry], title: str) -> None:
+def replayed_words(entries: list[NoiseEntry], replayed: list[bool]) -> str:
+    """Which random ops were replayed, in a sentence: the table's column said in words, so that a reader (or a
+    log) sees it without the JSON.
+
+    >>> from tensorprobe.rng import NoiseEntry
+    >>> e = [NoiseEntry(n, "aten.randn.default", (2,), "float32", i) for i, n in enumerate(["a/randn.0", "b/rand.0"])]
+    >>> print(replayed_words(e, [True, False]))
+    Replayed 1 of 2 random ops from a recording: a/randn.0. Drawn by this run's own generator: b/rand.0.
+    """
+    if not entries:
+        return "No random op ran: nothing to replay."
+    done = [e.name for e, r in zip(entries, replayed) if r]
+    fresh = [e.name for e, r in zip(entries, replayed) if not r]
+    if not done:
+        return (f"None of the {len(entries)} random ops was replayed: every one drew from this run's own generator "
+                "(capture --replay-rng BUNDLE replays a recording).")
+    if not fresh:
+        return f"All {len(entries)} random ops were replayed from a recording."
+    return (f"Replayed {len(done)} of {len(entries)} random ops from a recording: {_names(done)}. "
+            f"Drawn by this run's own generator: {_names(fresh)}.")
+
+
+def _names(names: list[str], limit: int = 8) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _table(entries: list[NoiseEntry], title: str, replayed: list[bool] | None = None) -> None:
     table = Table(title=escape(title), title_justify="left", show_edge=False, pad_edge=False)
-    for col in ("#", "name", "op", "draws", "shape", "dtype", "source"):
+    cols = ("#", "name", "op", "draws", "shape", "dtype") + (("replayed",) if replayed is not None else ()) + ("source",)
+    for col in cols:
         table.add_column(col, no_wrap=col != "source")
-    for e in entries:
-        table.add_row(str(e.order), escape(e.name), escape(e.op), escape((e.draw or "?").split(":")[0]),
-                      "×".join(map(str, e.shape)) or "scalar", e.dtype, escape(e.source or ""))
+    for i, e in enumerate(entries):
+        row = [str(e.order), escape(e.name), escape(e.op), escape((e.draw or "?").split(":")[0]),
+               "×".join(map(str, e.shape)) or "scalar", e.dtype]
+        if replayed is not None:
+            row.append("yes" if replayed[i] else "no")
+        table.add_row(*row, escape(e.source or ""))
     console.print(table)
