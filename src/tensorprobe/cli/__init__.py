@@ -24,6 +24,7 @@ from . import rng  # noqa: F401,E402
 from . import preflight  # noqa: F401,E402
 from . import sweep  # noqa: F401,E402
 from . import train  # noqa: F401,E402
+from . import explore  # noqa: F401,E402
 
 
 class _ReaderMayClose:

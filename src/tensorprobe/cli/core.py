@@ -164,6 +164,11 @@ def nan(
     stop_at_origin: bool = typer.Option(False, "--stop-at-origin", help="With --backward: end the backward at the "
                                         "origin (as fast as detect_anomaly); parameters are then those the gradient "
                                         "flows to, masking after it unchecked."),
+    model_explorer: Optional[Path] = typer.Option(None, "--model-explorer", metavar="OUT_DIR",
+                                                  help="With a bundle: also write a Model Explorer node-data overlay "
+                                                       "(where NaN/Inf is born, its channels, where it spreads)."),
+    graph: Optional[Path] = typer.Option(None, "--graph", metavar="MODEL.onnx",
+                                         help="The ONNX file the bundle ran, to key the overlay by node name."),
     json_out: bool = JsonOption,
 ) -> None:
     """Find the op where NaN or Inf is born (exit 1 if found); with --backward, in a training step's gradients."""
@@ -187,8 +192,17 @@ def nan(
             raise InputError(f"{target}: no such bundle (expected a directory with manifest.json, a .safetensors or "
                              "a .npz file), and not a model TARGET, which must look like file.py:factory or "
                              "package.module:factory")
-        origin = find_nonfinite_in_bundle(Bundle.open(target))
+        bundle = Bundle.open(target)
+        origin = find_nonfinite_in_bundle(bundle)
+        if model_explorer is not None:
+            from ..report.explorer import nan_node_data, write_node_data
+            written = write_node_data(nan_node_data(origin, bundle, graph=graph), model_explorer)
+            if not json_out:
+                console.print(f"Model Explorer overlay: {written['nan']}")
     else:
+        if model_explorer is not None:
+            raise InputError("--model-explorer needs a bundle (a capture of the graph the runtime ran), not a model "
+                             "TARGET")
         from ..nan.live import find_first_nonfinite
         from ..targets import load_target
 

@@ -37,6 +37,12 @@ def diff_cmd(
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
     local: Optional[Path] = typer.Option(None, "--local", metavar="ISOLATE_JSON",
                                          help="Plot local error from `tensorprobe isolate --json` beside the accumulated error (HTML)."),
+    model_explorer: Optional[Path] = typer.Option(None, "--model-explorer", metavar="OUT_DIR",
+                                                  help="Also write Model Explorer node-data overlays (SNR dB, findings, "
+                                                       "NaN) for the candidate's graph into OUT_DIR (see `explore`)."),
+    graph: Optional[Path] = typer.Option(None, "--graph", metavar="MODEL.onnx",
+                                         help="The ONNX file the candidate ran, to key overlays by node name "
+                                              "(default: the file its manifest names, when it still exists)."),
     show_all: bool = typer.Option(False, "--all", help="Show every record in the table."),
     json_out: bool = JsonOption,
 ) -> None:
@@ -55,14 +61,21 @@ def diff_cmd(
             from ..isolate import local_snr_from_json
             from ..report.html import write_diff_html
             write_diff_html(report, html, local_snr=local_snr_from_json(local) if local else None)
+        overlays = None
+        if model_explorer is not None:
+            from ..report.explorer import write_diff_node_data
+            overlays = write_diff_node_data(report, model_explorer, graph=graph)
     except TensorprobeError as e:
         fail(str(e))
     code = EXIT_OK if report.verdict in ("match", "consistent") else EXIT_FINDING
     if json_out:
-        emit_json("diff", "ok" if code == EXIT_OK else "finding", {"report": report.to_dict(),
-                                                                  "html": str(html) if html else None})
+        emit_json("diff", "ok" if code == EXIT_OK else "finding", {
+            "report": report.to_dict(), "html": str(html) if html else None,
+            "model_explorer": {k: str(v) for k, v in overlays.items()} if overlays else None})
     else:
         render_diff(console, report, show_all=show_all)
         if html is not None:
             console.print(f"HTML report: {html}")
+        if overlays:
+            console.print(f"Model Explorer overlays: {', '.join(str(p) for p in overlays.values())}")
     raise typer.Exit(code)
