@@ -41,6 +41,34 @@ def _rel(m: dict | None) -> str:
     return "–" if v is None else f"{v:.1e}"
 
 
+def _nonfinite_side(m: dict | None) -> str:
+    """'candidate all NaN/Inf', 'reference 25% NaN/Inf', both joined; '' when both sides are finite."""
+    parts = []
+    for who, key in (("candidate", "cand_finite_frac"), ("reference", "ref_finite_frac")):
+        f = None if m is None else m.get(key)
+        if f is not None and math.isfinite(f) and f < 1:
+            parts.append(f"{who} all NaN/Inf" if f == 0 else f"{who} {1 - f:.0%} NaN/Inf")
+    return " and ".join(parts)
+
+
+def nonfinite_why(accumulated: dict | None, local: dict | None = None) -> str:
+    """Why a row's numbers are -inf/inf, in the table's words: which side's output holds NaN/Inf, and whether
+    the layer makes it alone (run on the reference's input) or its input already held it.
+
+    >>> nonfinite_why({"cand_finite_frac": 0.0, "ref_finite_frac": 1.0}, {"cand_finite_frac": 0.0, "ref_finite_frac": 1.0})
+    'candidate all NaN/Inf, born here (also when run alone)'
+    >>> nonfinite_why({"cand_finite_frac": 0.0, "ref_finite_frac": 1.0}, {"cand_finite_frac": 1.0, "ref_finite_frac": 1.0})
+    'candidate all NaN/Inf, from its input (finite when run alone)'
+    """
+    acc, alone = _nonfinite_side(accumulated), _nonfinite_side(local)
+    if alone:
+        return (f"{acc}, born here (also when run alone)" if acc == alone
+                else f"run alone: {alone}, born here")
+    if acc and local is not None:
+        return f"{acc}, from its input (finite when run alone)"
+    return acc
+
+
 def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = False, context: int = 2) -> None:
     """Summary line, then per layer: accumulated and local error side by side, with a verdict."""
     style = "bold red" if report.found else ("yellow" if report.first_accumulated else "bold green")
@@ -52,20 +80,27 @@ def render_isolate(out: Console, report: IsolateReport, *, show_all: bool = Fals
     for col in ("acc. SNR", "acc. rel", "local SNR", "local rel"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
+    outputs = [x for x in report.outputs if show_all or x.accumulated_fails]
+    # a row whose output holds NaN/Inf says why in the table, not only in the summary or the JSON
+    whys = {i: nonfinite_why(report.layers[i].accumulated, report.layers[i].local) for i in rows}
+    out_whys = [nonfinite_why(x.accumulated) for x in outputs]
+    why = any(whys.values()) or any(out_whys)
+    if why:
+        table.add_column("why", overflow="fold", min_width=16)
     last = -1
     for i in rows:
         if last >= 0 and i != last + 1:
-            table.add_row("…", "", "", "", "", "")
+            table.add_row("…", "", "", "", "", "", *([""] if why else []))
         x = report.layers[i]
         v = x.verdict
         table.add_row(escape(x.name), _snr(x.accumulated), _rel(x.accumulated),
-                      _snr(x.local), _rel(x.local), f"[{_STYLE.get(v, '')}]{v}[/]")
+                      _snr(x.local), _rel(x.local), f"[{_STYLE.get(v, '')}]{v}[/]",
+                      *([escape(whys[i])] if why else []))
         last = i
-    outputs = [x for x in report.outputs if show_all or x.accumulated_fails]
-    for x in outputs:   # the model's own outputs: accumulated error only
+    for x, w in zip(outputs, out_whys):   # the model's own outputs: accumulated error only
         v = "differs" if x.accumulated_fails else "ok"
         table.add_row(f"{escape(x.name)} (model)", _snr(x.accumulated), _rel(x.accumulated), "", "",
-                      f"[{_STYLE[LOCAL if x.accumulated_fails else 'ok']}]{v}[/]")
+                      f"[{_STYLE[LOCAL if x.accumulated_fails else 'ok']}]{v}[/]", *([escape(w)] if why else []))
     if rows or outputs:
         out.print(table)
     if report.ascent is not None:
