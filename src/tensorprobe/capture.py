@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .bundle import Bundle
+from .bundle.lock import refuse_if_locked
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import BundleError, InputError
@@ -310,7 +311,13 @@ class Capture:
     # ---- context manager ------------------------------------------------------------------------------
     def __enter__(self) -> "Capture":
         self._open_writer(inputs=None)
-        self._install()
+        try:
+            self._install()
+        except BaseException as e:   # recording the weights hit a full disk: the bundle still says why it stopped
+            self._uninstall()
+            assert self._writer is not None
+            self._writer.close(error=e)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -491,6 +498,7 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
             include: str | None = None, exclude: str | None = None, out: str | os.PathLike | None = None,
             record_inputs: bool = False, channel_dim: int | None = 1,
             on_record: Callable[[Record], None] | None = None, replay_rng: Any = None, weights: bool = True,
+            compile: bool = False, backend: str = "inductor", mode: str | None = None,
             **kwinputs: Any) -> Bundle | Capture:
     """Capture every intermediate of `model` into a bundle.
 
@@ -513,6 +521,11 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
             records are tagged "replayed".
         weights: record every parameter and buffer (statistics and a content fingerprint; values with
             keep="full") so that `diff` compares the weights before the forward.
+        compile: capture the model as `torch.compile(model, backend=backend)` runs it: the statistics are computed
+            inside the compiled graph, records keep the eager names (`tensorprobe.compiled`); graph breaks are
+            warnings in the bundle. Op level needs backend="aot_eager".
+        backend, mode: the torch.compile backend ("inductor", "aot_eager", "eager", any registered one) and
+            Inductor's mode ("max-autotune", ...), with compile=True.
 
     Every tensor the forward returns is recorded as a model output (`output`, `output.0`, `output.wav`)
     with its values, whatever `keep` is, and the bundle records the numerics environment (device, dtypes,
@@ -527,9 +540,15 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
         >>> bundle["generator.noise_res.0.adain1.0.norm/rsqrt.0"].stats.nonfinite_channels  # doctest: +SKIP
         38
     """
-    cap = Capture(model, level=level, keep=keep, include=include, exclude=exclude, out=out,
-                  record_inputs=record_inputs, channel_dim=channel_dim, on_record=on_record,
-                  replay_rng=replay_rng, weights=weights)
+    kw = dict(level=level, keep=keep, include=include, exclude=exclude, out=out, record_inputs=record_inputs,
+              channel_dim=channel_dim, on_record=on_record, replay_rng=replay_rng, weights=weights)
+    if compile:
+        from .compiled import compiled_capture
+        cap = compiled_capture(model, backend=backend, mode=mode, **kw)
+    else:
+        if mode is not None:
+            raise InputError("mode is a torch.compile setting: pass compile=True with it")
+        cap = Capture(model, **kw)
     if not inputs and not kwinputs:
         return cap
     with cap:
@@ -571,6 +590,7 @@ def check_output_dir(path: str | os.PathLike) -> None:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise BundleError(f"{p}: exists and is not a directory; choose another output directory")
+    refuse_if_locked(p)   # another live capture writes there: refused before the model loads
     parent = p
     while not parent.exists():
         parent = parent.parent

@@ -77,6 +77,12 @@ def capture(
     record_inputs: bool = typer.Option(False, "--record-inputs", help="Also record each module call's inputs."),
     replay_rng: Optional[Path] = typer.Option(None, "--replay-rng", metavar="BUNDLE",
                                               help="Feed random ops the tensors recorded in BUNDLE (or a noise .safetensors), in call order."),
+    compile_: bool = typer.Option(False, "--compile", help="Capture the model as torch.compile runs it (statistics "
+                                  "computed inside the compiled graph, eager record names; graph breaks reported)."),
+    backend: str = typer.Option("inductor", "--backend", help="With --compile: the torch.compile backend "
+                                "(inductor, aot_eager, eager, any registered one; op level: aot_eager)."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="With --compile --backend inductor: default, "
+                                       "reduce-overhead, max-autotune, max-autotune-no-cudagraphs."),
     json_out: bool = JsonOption,
 ) -> None:
     """Capture every intermediate tensor of TARGET into a bundle directory."""
@@ -95,6 +101,11 @@ def capture(
                                    options)
     else:
         tgt = load_target(target)
+        if (backend != "inductor" or mode) and not compile_:
+            raise InputError("--backend and --mode are torch.compile settings: add --compile")
+        if compile_ and runtime and runtime not in ("pytorch", "torch"):
+            raise InputError("--compile captures PyTorch's compiled model; it does not combine with --runtime")
+        compile_options = {"compile": True, "backend": backend, "mode": mode} if compile_ else {}
         if runtime and runtime not in ("pytorch", "torch"):
             from ..runtimes import get_runtime
 
@@ -107,7 +118,7 @@ def capture(
                     bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
                                           include=include, exclude=exclude, out=out, record_inputs=record_inputs,
                                           replay_rng=str(replay_rng) if replay_rng else None,
-                                          on_record=lambda r: advance(), **tgt.kwargs)
+                                          on_record=lambda r: advance(), **compile_options, **tgt.kwargs)
                 except InputError as e:
                     if (out / "manifest.json").exists() and "forward raised" in str(e):
                         raise InputError(f"{e} — the records made before the failure are in {out} "

@@ -1,0 +1,585 @@
+"""Capture a model as `torch.compile` runs it: the values of the compiled graph, named like an eager capture.
+
+`tp.capture(model, *inputs, compile=True, backend="inductor")` compiles `model` with a torch.compile backend of
+our own. It receives each FX graph dynamo traces, adds the statistics of the values it records as extra graph
+outputs, and hands that instrumented graph to the real backend (Inductor's `compile_fx`, `aot_eager`, any
+registered backend). Inductor then computes the statistics inside the kernels that produce the values: Σx, Σx²,
+min, max and the NaN/±Inf counts of a value are reductions over the same loop that writes it. The wrapper it
+returns strips the extra outputs before dynamo sees them and turns them into records.
+
+Names are an eager capture's, so `tensorprobe diff eager compiled` lines the two up:
+
+- **module level**: each FX node carries `nn_module_stack`, the module calls it was traced inside (with the call
+  index, `@1`, for a module called again). A module call's outputs are the nodes of that call whose value is used
+  outside it; they are recorded as `<path>[@call][:i]`, in the order the calls end, as forward hooks would.
+- **op level** (`aot_eager`): the graph after AOT autograd, whose nodes are aten ops; each is named
+  `<module>[@call]/<op>.<k>` from its module stack and op, the eager op it comes from.
+
+With `keep="full"` the recorded values themselves are extra outputs (they are materialised, so Inductor writes
+what it would otherwise keep in registers). Weights and model inputs are recorded before the forward, the
+model's outputs (and `<root>`) after it, exactly as an eager capture does.
+
+Graph breaks are recorded, not hidden: the bundle's manifest (`capture.compile`) lists every compiled graph and
+each break with its reason and user source line, and each break is a warning. A model that cannot compile
+raises one `InputError` naming where and why.
+
+    >>> import torch, tensorprobe as tp
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    >>> b = tp.capture(model, torch.randn(2, 4), compile=True, backend="aot_eager")   # doctest: +SKIP
+    >>> [r.name for r in b if r.kind == "output"]                                     # doctest: +SKIP
+    ['0', '1', '<root>']
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .errors import InputError
+from .hooks import module_tensors
+from .ops import ALIAS_OPS, RNG_OPS, SKIP_OPS
+from .record import KIND_OUTPUT, KIND_RNG, TAG_QUANTIZED, Record, dtype_name, record_name
+from .stats import TensorStats, compute_stats
+from .stats.core import channel_count
+
+# Backends whose graph after AOT autograd (aten ops) can be instrumented: what op level needs.
+OP_LEVEL_BACKENDS = ("aot_eager",)
+# Tag of a record whose statistics were computed inside the compiled graph (no per-channel NaN analysis:
+# that needs the values, keep="full").
+TAG_COMPILED = "compiled"
+_STATS_FIELDS = 7   # Σx, Σx², min, max over finite elements; NaN, +Inf, -Inf counts
+
+
+def graph_stats(x: torch.Tensor) -> torch.Tensor:
+    """The statistics of `x` as one float64 vector, written with torch ops so a compiler fuses them into the
+    kernel that produces `x`: [Σx, Σx², min, max] over the finite elements, then the NaN, +Inf and -Inf counts.
+    float64 accumulation: the figures do not depend on how the compiler splits the reduction.
+
+        >>> graph_stats(torch.tensor([1.0, 2.0, float("nan")])).tolist()
+        [3.0, 5.0, 1.0, 2.0, 1.0, 0.0, 0.0]
+    """
+    xd = x.to(torch.float64)
+    fin = torch.isfinite(x)
+    z = torch.where(fin, xd, 0.0)
+    inf = float("inf")
+    return torch.stack([
+        z.sum(), (z * z).sum(), torch.where(fin, xd, inf).amin(), torch.where(fin, xd, -inf).amax(),
+        torch.isnan(x).sum().to(torch.float64), (x == inf).sum().to(torch.float64),
+        (x == -inf).sum().to(torch.float64)])
+
+
+def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None) -> TensorStats:
+    """`TensorStats` from a `graph_stats` vector (a tensor or list of 7 numbers)."""
+    s, ss, mn, mx, nan, pinf, ninf = (float(a) for a in (v.tolist() if hasattr(v, "tolist") else v))
+    n = math.prod(shape)
+    nan, pinf, ninf = int(nan), int(pinf), int(ninf)
+    finite = n - nan - pinf - ninf
+    if finite == 0:
+        return TensorStats(numel=n, nan=nan, posinf=pinf, neginf=ninf, finite_frac=0.0,
+                           **channel_count(shape, channel_dim))
+    mean = s / finite
+    var = max(ss / finite - mean * mean, 0.0)
+    return TensorStats(numel=n, nan=nan, posinf=pinf, neginf=ninf, finite_frac=finite / n, min=mn, max=mx,
+                       mean=mean, std=math.sqrt(var), absmax=max(abs(mn), abs(mx)),
+                       **channel_count(shape, channel_dim))
+
+
+@dataclass
+class _Entry:
+    """One value of a compiled graph that is recorded, under one or more names (a node that ends a module call
+    and its parent's call is both)."""
+
+    node: Any
+    names: list[tuple[str, str, int, str, tuple[str, ...]]]   # (name, module, call, op, inputs)
+    shape: tuple[int, ...]
+    full: bool   # returned whole (keep="full", or a dtype the in-graph statistics do not cover)
+    kind: str = KIND_OUTPUT
+    tags: tuple[str, ...] = ()
+
+
+@dataclass
+class GraphPlan:
+    """What one compiled graph records: its entries in record order, and how many outputs are the graph's own."""
+
+    index: int
+    entries: list[_Entry] = field(default_factory=list)
+    outputs: int = 0
+    nodes: int = 0
+
+
+def _meta_value(node) -> Any:
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _stack_calls(node, paths: dict[str, str]) -> list[tuple[str, str, int, str]]:
+    """(stack key, module path, call index, class name) of every module call `node` was traced inside,
+    outermost first."""
+    stack = node.meta.get("nn_module_stack") or {}
+    out = []
+    for key, value in stack.items():
+        ident, _, call = str(key).partition("@")
+        path = paths.get(ident)
+        if path is None:   # not a module of the model we know by identity: read dynamo's qualified name
+            qual = value[0] if isinstance(value, tuple) else str(value)
+            path = _normalise_qualname(qual)
+        cls = value[1] if isinstance(value, tuple) and len(value) > 1 else None
+        cls = getattr(cls, "__name__", None) or str(cls or "").rsplit(".", 1)[-1].strip("'>")
+        out.append((str(key), path, int(call) if call.isdigit() else 0, cls))
+    return out
+
+
+def _normalise_qualname(qual: str) -> str:
+    """"L['self'].generator.noise_res[0]" -> "generator.noise_res.0"."""
+    q = re.sub(r"^L\['[^']*'\]\.?", "", qual)
+    q = re.sub(r"\[(\d+)\]", r".\1", q)
+    q = re.sub(r"\['([^']*)'\]", r".\1", q)
+    return q.lstrip(".").replace("._modules.", ".")
+
+
+def _is_tensor_meta(v: Any) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def plan_module_level(gm, placeholder_names: dict[str, str], calls: dict[str, int], keep_full: bool,
+                      wanted: Callable[[str], bool], index: int = 0) -> GraphPlan:
+    """The module-call outputs of a dynamo graph, named as forward hooks name them.
+
+    Each module call is marked in the graph by `tensorprobe::mark(outputs, inputs, path)`, the op our forward
+    hooks call (dynamo traces hooks into the graph): its arguments are the call's outputs in return order
+    (unused ones and an Identity's included) and its tensor inputs. The marks are removed here, so the real
+    backend never sees them; `calls` counts each path's calls across graphs, in the order they are compiled
+    (the order they first run)."""
+    plan = GraphPlan(index=index, nodes=len(gm.graph.nodes))
+    produced: dict[Any, str] = dict(placeholder_names_for(gm, placeholder_names))
+    by_node: dict[Any, _Entry] = {}
+    for mark in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _MARK_TARGETS]:
+        outs, ins, path, cls = mark.args
+        call = calls.get(path, -1) + 1
+        calls[path] = call
+        inputs = tuple(dict.fromkeys(produced[a] for a in ins if isinstance(a, torch.fx.Node) and a in produced))
+        outs = [o for o in outs if isinstance(o, torch.fx.Node) and _is_tensor_meta(_meta_value(o))]
+        for i, n in enumerate(outs):
+            name = record_name(path, call, output=i if len(outs) > 1 else None)
+            if wanted(name):
+                entry = by_node.get(n)
+                if entry is None:
+                    entry = by_node[n] = _new_entry(n, keep_full)
+                    plan.entries.append(entry)
+                entry.names.append((name, path, call, f"module:{cls}", inputs))
+            produced[n] = name   # the outermost call's name, as eager's producer map ends up holding
+        gm.graph.erase_node(mark)
+    gm.graph.lint()
+    gm.recompile()
+    return plan
+
+
+def remove_marks(gm) -> None:
+    """Drop the module marks (op level names ops from AOT's graph, not from the marks)."""
+    for mark in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _MARK_TARGETS]:
+        gm.graph.erase_node(mark)
+    gm.recompile()
+
+
+# The marker op our forward hooks call. Eagerly (code between compiled graphs, after a graph break) it records
+# the call itself through `_EAGER_MARK`; in a compiled graph it is a node that names the call's values.
+_LIB = torch.library.Library("tensorprobe", "FRAGMENT")
+if not hasattr(torch.ops.tensorprobe, "mark"):
+    _LIB.define("mark(Tensor[] outs, Tensor[] ins, str path, str cls) -> ()")
+
+    def _mark_impl(outs, ins, path, cls):
+        if _EAGER_MARK:
+            _EAGER_MARK[-1](list(outs), list(ins), path, cls)
+
+    _LIB.impl("mark", _mark_impl, "CompositeExplicitAutograd")
+    torch.library.register_fake("tensorprobe::mark", lambda outs, ins, path, cls: None, lib=_LIB)
+    torch.fx.node._side_effectful_functions.add(torch.ops.tensorprobe.mark.default)
+_MARK_TARGETS = (torch.ops.tensorprobe.mark, torch.ops.tensorprobe.mark.default)
+_EAGER_MARK: list[Callable] = []
+
+
+def mark_hook(path: str, cls: str):
+    """A forward hook that marks a module call for the compiled capture."""
+    def hook(module, args, output):
+        outs = module_tensors(output)
+        if outs:
+            torch.ops.tensorprobe.mark(outs, [a for a in module_tensors(args)], path, cls)
+    return hook
+
+
+def placeholder_names_for(gm, names_by_target: dict[str, str]) -> dict[Any, str]:
+    return {n: names_by_target[n.target] for n in gm.graph.nodes
+            if n.op == "placeholder" and n.target in names_by_target}
+
+
+_getitem = __import__("operator").getitem
+
+
+def _new_entry(n, keep_full: bool) -> _Entry:
+    v = _meta_value(n)
+    full = keep_full or not v.is_floating_point() or v.numel() == 0
+    return _Entry(node=n, names=[], shape=tuple(int(s) for s in v.shape), full=full)
+
+
+def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], index: int, keep_full: bool,
+                  wanted: Callable[[str], bool], counts: dict) -> GraphPlan:
+    """Every aten op output of a graph after AOT autograd, named `<module>[@call]/<op>.<k>` as eager op level
+    names it (aliasing ops are skipped, as there)."""
+    plan = GraphPlan(index=index, nodes=len(gm.graph.nodes))
+    produced: dict[Any, str] = dict(placeholder_names_for(gm, placeholder_names))
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        base = n.target._schema.name.split("::")[-1]
+        if base in SKIP_OPS:
+            continue
+        inputs = tuple(dict.fromkeys(produced[a] for a in n.all_input_nodes if a in produced))
+        if base in ALIAS_OPS:
+            src = next(iter(n.all_input_nodes), None)
+            if src in produced:
+                produced[n] = produced[src]
+            continue
+        stack = _stack_calls(n, paths)
+        module, call = (stack[-1][1], stack[-1][2]) if stack else ("", 0)
+        v = _meta_value(n)
+        outs = [(None, n)] if _is_tensor_meta(v) else []
+        if isinstance(v, (tuple, list)):
+            outs = [(u.args[1], u) for u in sorted(n.users, key=lambda u: u.args[1] if u.target is _getitem else 0)
+                    if u.target is _getitem and _is_tensor_meta(_meta_value(u))]
+        if not outs:
+            continue
+        key = (module, call, base)
+        k = counts.get(key, 0)
+        counts[key] = k + 1
+        op = str(n.target)
+        multi = len(outs) > 1 or isinstance(v, (tuple, list))
+        for i, node in outs:
+            name = record_name(module, call, op, k, output=i if multi else None)
+            if not wanted(name):
+                continue
+            entry = _new_entry(node, keep_full)
+            entry.names.append((name, module, call, op, inputs))
+            if base in RNG_OPS:
+                entry.kind = KIND_RNG
+                entry.full = True
+            if str(op).startswith("quantized::"):
+                entry.tags = (TAG_QUANTIZED,)
+            plan.entries.append(entry)
+            produced[node] = name
+        if len(outs) == 1 and outs[0][1] is n:
+            pass
+    return plan
+
+
+def instrument(gm, plan: GraphPlan) -> None:
+    """Add each entry's statistics (or the value itself) to `gm`'s outputs, after the graph's own."""
+    graph = gm.graph
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    own = out_node.args[0]
+    own = tuple(own) if isinstance(own, (tuple, list)) else (own,)
+    plan.outputs = len(own)
+    extra = []
+    for e in plan.entries:
+        if e.full:
+            extra.append(e.node)
+            continue
+        with graph.inserting_after(e.node):
+            extra.append(graph.call_function(graph_stats, (e.node,)))
+    out_node.args = (own + tuple(extra),)
+    graph.lint()
+    gm.recompile()
+
+
+def split_outputs(plan: GraphPlan, outs: Any) -> tuple[Any, list]:
+    """The graph's own outputs (as the uninstrumented graph returns them) and the extra ones."""
+    outs = list(outs) if not isinstance(outs, list) else outs
+    return outs[:plan.outputs], outs[plan.outputs:]
+
+
+def user_frame(tb_or_stack: Any) -> str | None:
+    """`file.py:123 (function)` of the innermost frame outside torch and tensorprobe."""
+    import os
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    own_dir = os.path.dirname(__file__) + os.sep
+    frames = traceback.extract_tb(tb_or_stack) if hasattr(tb_or_stack, "tb_frame") else list(tb_or_stack or [])
+    for f in reversed(frames):
+        if not f.filename.startswith(torch_dir) and not (f.filename.startswith(own_dir)
+                                                         and "examples" not in f.filename):
+            return f"{f.filename}:{f.lineno} ({f.name})"
+    return None
+
+
+def compile_failure(e: BaseException, backend: str) -> InputError:
+    """One line: where the model failed to compile and why (the innermost user frame, dynamo's reason)."""
+    inner = getattr(e, "inner_exception", None) or e.__cause__ or e
+    stack = getattr(e, "real_stack", None)
+    where = user_frame(stack) if stack else None
+    where = where or user_frame(e.__traceback__) or user_frame(getattr(inner, "__traceback__", None))
+    why = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
+    at = f" at {where}" if where else ""
+    return InputError(f"torch.compile(backend={backend!r}) failed{at}: {type(inner).__name__}: {why}")
+
+
+def graph_breaks(counters_before: dict) -> list[dict[str, Any]]:
+    """Graph breaks dynamo counted during the run: reason and how often."""
+    from torch._dynamo.utils import counters
+
+    now = dict(counters.get("graph_break", {}))
+    return [{"reason": str(k).strip().splitlines()[0], "count": int(v - counters_before.get(k, 0))}
+            for k, v in now.items() if v - counters_before.get(k, 0) > 0]
+
+
+def explain_breaks(model, inputs: tuple, kwinputs: dict) -> list[dict[str, Any]]:
+    """Each break with its user source line (`torch._dynamo.explain`: one more trace, run only after a break)."""
+    try:
+        with torch.no_grad():
+            ex = torch._dynamo.explain(model)(*inputs, **kwinputs)
+    except Exception:   # explain is a second opinion: the counted reasons stand without it
+        return []
+    out = []
+    for r in getattr(ex, "break_reasons", []) or []:
+        where = user_frame(getattr(r, "user_stack", None))
+        out.append({"reason": str(getattr(r, "reason", r)).strip().splitlines()[0], "where": where})
+    return out
+
+
+class CompiledRun:
+    """A torch.compile backend that instruments each graph dynamo hands it; collects the records it makes.
+
+    `record(entry_name_tuple, stats_or_tensor)` is called by the caller per record; this class only plans,
+    instruments, compiles and returns what each graph run produced, in order."""
+
+    def __init__(self, model: torch.nn.Module, *, level: str, backend: str, mode: str | None, keep_full: bool,
+                 wanted: Callable[[str], bool], placeholder_names: Callable[[list], dict[str, str]],
+                 on_graph_run: Callable[[GraphPlan, list], None]):
+        if level == "op" and backend not in OP_LEVEL_BACKENDS:
+            raise InputError(f"op-level capture of a compiled model supports backend "
+                             f"{', '.join(OP_LEVEL_BACKENDS)} (the graph after AOT autograd); use level='module' "
+                             f"with backend {backend!r}")
+        if mode is not None and backend != "inductor":
+            raise InputError(f"--mode {mode!r} is an Inductor setting; backend {backend!r} takes none")
+        self.model = model
+        self.level = level
+        self.backend = backend
+        self.mode = mode
+        self.keep_full = keep_full
+        self.wanted = wanted
+        self.paths = {str(id(m)): p for p, m in model.named_modules()}
+        self.placeholder_names = placeholder_names
+        self.on_graph_run = on_graph_run
+        self.plans: list[GraphPlan] = []
+        self.op_counts: dict = {}
+        self.calls: dict[str, int] = {}   # module path -> calls named so far (graphs and eager code alike)
+
+    def __call__(self, gm, example_inputs):
+        index = len(self.plans)
+        names = self.placeholder_names(list(example_inputs)) if example_inputs else {}
+        by_target = {n.target: names[i] for i, n in enumerate(p for p in gm.graph.nodes if p.op == "placeholder")
+                     if i in names}
+        if self.level == "op":
+            remove_marks(gm)
+            return self._aot(gm, example_inputs, index, by_target)
+        plan = plan_module_level(gm, by_target, self.calls, self.keep_full, self.wanted, index)
+        self.plans.append(plan)
+        instrument(gm, plan)
+        compiled = self._real_backend()(gm, example_inputs)
+        return self._wrap(plan, compiled)
+
+    def _real_backend(self):
+        if self.backend == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+            options = torch._inductor.list_mode_options(self.mode) if self.mode else None
+            if self.mode is not None and self.mode not in ("default", "reduce-overhead", "max-autotune",
+                                                           "max-autotune-no-cudagraphs"):
+                raise InputError(f"unknown --mode {self.mode!r}; use default, reduce-overhead, max-autotune or "
+                                 "max-autotune-no-cudagraphs")
+            return lambda gm, ex: compile_fx(gm, ex, config_patches=options)
+        from torch._dynamo import lookup_backend
+        try:
+            return lookup_backend(self.backend)
+        except Exception as e:
+            raise InputError(f"unknown torch.compile backend {self.backend!r}: {e}") from None
+
+    def _wrap(self, plan: GraphPlan, compiled):
+        def run(*args):
+            own, extra = split_outputs(plan, compiled(*args))
+            self.on_graph_run(plan, extra)
+            return own
+        return run
+
+    def _aot(self, gm, example_inputs, index, by_target):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        # AOT's graph has one placeholder per flat input, in the dynamo graph's order
+        aot_names = {f"arg{i}_1": by_target[p.target]
+                     for i, p in enumerate(q for q in gm.graph.nodes if q.op == "placeholder") if p.target in by_target}
+
+        def fw(agm, ex):
+            targets = {n.target: aot_names.get(n.target) for n in agm.graph.nodes if n.op == "placeholder"}
+            plan = plan_op_level(agm, self.paths, {k: v for k, v in targets.items() if v}, index, self.keep_full,
+                                 self.wanted, self.op_counts)
+            self.plans.append(plan)
+            instrument(agm, plan)
+            inner = agm.forward
+
+            def run(*args):
+                own, extra = split_outputs(plan, inner(*args))
+                self.on_graph_run(plan, extra)
+                return own
+            return make_boxed_func(run)
+
+        return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+
+
+def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | None) -> None:
+    """Turn one compiled graph run's extra outputs into records (`capture._Recorder` stores them)."""
+    for entry, value in zip(plan.entries, extra):
+        for name, module, call, op, inputs in entry.names:
+            tags = entry.tags if entry.full else entry.tags + (TAG_COMPILED,)
+            if entry.full:
+                recorder.record(value, name=name, module=module, op=op, kind=entry.kind, call=call,
+                                inputs=inputs, tags=tags)
+                continue
+            rec = Record(name=name, module=module, op=op, order=recorder.order, shape=entry.shape,
+                         dtype=dtype_name(_meta_value(entry.node).dtype),
+                         stats=stats_from_vector(value, entry.shape, channel_dim), kind=entry.kind, call=call,
+                         device=str(value.device), inputs=inputs, tags=tags)
+            if recorder.wanted(name, entry.kind):
+                recorder.writer.add(rec, None)
+                recorder.order += 1
+                if recorder.on_record is not None:
+                    recorder.on_record(rec)
+
+
+__all__ = ["CompiledRun", "GraphPlan", "OP_LEVEL_BACKENDS", "TAG_COMPILED", "compile_failure", "graph_stats",
+           "stats_from_vector"]
+
+
+def _capture_class():
+    from .capture import Capture
+
+    class CompiledCapture(Capture):
+        """`Capture` of the model as `torch.compile(backend=...)` runs it (see the module docstring)."""
+
+        def __init__(self, model: torch.nn.Module, *, backend: str = "inductor", mode: str | None = None,
+                     explain: bool = True, **kw: Any):
+            super().__init__(model, **kw)
+            if self.replay is not None:
+                raise InputError("replay_rng is not supported with compile=True: a compiled graph draws its own "
+                                 "random numbers")
+            if self.record_inputs:
+                raise InputError("record_inputs is not supported with compile=True")
+            self.backend = backend
+            self.mode = mode
+            self.explain = explain
+            self.compile_info: dict[str, Any] = {}
+
+        def _install(self) -> None:
+            self._writer.set_header(environment=__import__("tensorprobe.environment", fromlist=["collect"]).collect(
+                [*self.model.parameters(), *self.model.buffers()]))
+            if self.record_weights:
+                self._record_weights()
+            self._mode = None
+
+        def _uninstall(self) -> None:
+            pass
+
+        def run(self, *inputs: Any, **kwinputs: Any) -> Any:
+            """Record the inputs, compile and run the forward (compile time measured apart), record the output."""
+            import time
+
+            from torch._dynamo.utils import counters
+
+            self._record_model_inputs(inputs, kwinputs)
+            rec = self._recorder
+            ids: dict[int, str] = {id(t): n for n, _, t, _, _ in
+                                   __import__("tensorprobe.weights", fromlist=["named_weights"]).named_weights(self.model)}
+            for i, t in enumerate(inputs):
+                if isinstance(t, torch.Tensor):
+                    ids[id(t)] = f"input.{i}"
+            for k, t in kwinputs.items():
+                if isinstance(t, torch.Tensor):
+                    ids[id(t)] = f"input.{k}"
+
+            def placeholder_names(example: list) -> dict[int, str]:
+                return {i: ids[id(t)] for i, t in enumerate(example) if id(t) in ids}
+
+            runs: list[int] = []
+
+            def on_graph_run(plan: GraphPlan, extra: list) -> None:
+                runs.append(plan.index)
+                record_graph_run(rec, plan, extra, self.channel_dim)
+
+            backend = CompiledRun(self.model, level=self.level, backend=self.backend, mode=self.mode,
+                                  keep_full=self.keep_full, wanted=lambda name: rec.wanted(name, KIND_OUTPUT),
+                                  placeholder_names=placeholder_names, on_graph_run=on_graph_run)
+            def eager_mark(outs: list, ins: list, path: str, cls: str) -> None:
+                # a module call dynamo did not trace (code after a graph break runs eagerly): record it here
+                call = backend.calls.get(path, -1) + 1
+                backend.calls[path] = call
+                names = rec.input_names(ins)
+                for i, t in enumerate(outs):
+                    rec.record(t.detach(), name=record_name(path, call, output=i if len(outs) > 1 else None),
+                               module=path, op=f"module:{cls}", kind=KIND_OUTPUT, call=call, inputs=names)
+
+            handles = []
+            if self.level == "module":
+                handles = [m.register_forward_hook(mark_hook(p, type(m).__name__))
+                           for p, m in self.model.named_modules() if p]
+            torch._dynamo.reset()   # our backend must see the graphs: a cached compile from another would be reused
+            before = dict(counters.get("graph_break", {}))
+            compiled = torch.compile(self.model, backend=backend, dynamic=False)
+            t0 = time.perf_counter()
+            _EAGER_MARK.append(eager_mark)
+            try:
+                with torch.no_grad():
+                    output = compiled(*inputs, **kwinputs)
+            except InputError:
+                raise
+            except Exception as e:
+                if not backend.plans or not runs:   # failed while tracing or compiling: not the model's values
+                    raise compile_failure(e, self.backend) from None
+                raise
+            finally:
+                _EAGER_MARK.remove(eager_mark)
+                for h in handles:
+                    h.remove()
+                torch._dynamo.reset()   # the hooks are gone: drop the graphs traced with them
+            first = time.perf_counter() - t0
+            breaks = graph_breaks(before)
+            where = explain_breaks(self.model, inputs, kwinputs) if breaks and self.explain else []
+            self.compile_info = {
+                "backend": self.backend, "mode": self.mode, "graphs": len(backend.plans),
+                "graph_nodes": [p.nodes for p in backend.plans], "graph_runs": len(runs),
+                "graph_breaks": where or breaks, "first_run_seconds": round(first, 3)}
+            self._writer.set_header(capture={**self._writer._header.get("capture", {}), "compile": self.compile_info})
+            for b in where or breaks:
+                at = f" at {b['where']}" if b.get("where") else ""
+                self._warn(f"graph break{at}: {b['reason']} (the code between compiled graphs runs eagerly; its "
+                           "module calls are recorded from eager values)")
+            # the root module's output, as eager's forward hook records it, then the model outputs
+            model_inputs = tuple(n for n in ids.values() if n.startswith("input."))
+            flat = module_tensors(output)
+            with torch.no_grad():
+                for i, t in enumerate(flat):
+                    rec.record(t, name=record_name("", 0, output=i if len(flat) > 1 else None), module="",
+                               op=f"module:{type(self.model).__name__}", kind=KIND_OUTPUT, inputs=model_inputs)
+            self.record_outputs(output)
+            return output
+
+        @property
+        def keep_full(self) -> bool:
+            return self.keep == "full"
+
+    return CompiledCapture
+
+
+def compiled_capture(model: torch.nn.Module, *, backend: str = "inductor", mode: str | None = None, **kw: Any):
+    """A `Capture` that records the compiled model (`capture(..., compile=True)` builds it)."""
+    return _capture_class()(model, backend=backend, mode=mode, **kw)
