@@ -73,7 +73,7 @@ def main() -> None:
                      "tensorprobe_stop_at_origin_s": round(fast, 4),
                      "stop_at_origin_vs_anomaly": round(fast / anomaly, 2),
                      "detect_anomaly_names": named, "tensorprobe_names": f"{origin.backward_op} = {origin.record}",
-                     "tensorprobe_reaches": len(origin.reaches)})
+                     "tensorprobe_elements": origin.elements, "tensorprobe_reaches": len(origin.reaches)})
         print(json.dumps(rows[-1]))
     write_results(args.out, {"machine": machine(), "rows": rows})
 
