@@ -1,7 +1,10 @@
 """A `DiffReport` as one self-contained HTML page (no network: inline CSS/JS, plots as data URIs).
 
-The page: verdict and summary; per-layer error in execution order (SNR and correlation, accumulated
-error from the diff beside the local error of `isolate` when given); error over repeated calls; the
+The page: verdict and summary; the module tree (`report.modules`: collapsible `<details>`, each module's
+worst SNR, failing and compared records, NaN/Inf and verdict, open from the model down to the first
+divergence); per-record error of the comparable pairs grouped by module (SNR and correlation, accumulated
+error from the diff beside the local error of `isolate` when given; pairs that could not be compared are
+counted, not drawn); error over repeated calls; the
 records table (sortable, filterable); for the first divergent record, reference-vs-candidate histograms
 and per-channel error. Every name from a bundle is HTML-escaped (Jinja autoescape): bundles come from
 anywhere.
@@ -20,6 +23,7 @@ import numpy as np
 
 from ..bundle import Bundle, atomic_write_bytes
 from ..diff.result import DiffReport, PairResult
+from .modules import ModuleNode, ModuleTree, comparable, module_groups, module_tree
 from .plots import figure_to_data_uri, new_figure
 from .terminal import fmt, fmt_corr
 
@@ -42,9 +46,13 @@ def render_diff_html(report: DiffReport, *, local_snr: Mapping[str, float] | Non
                              autoescape=jinja2.select_autoescape(["html"]))
     first = report.get(report.first_divergence)
     tensor_plots = _first_divergence_plots(report, first, ref, cand) if first else {}
+    tree = module_tree(report)
+    drawn = [p for p in report.pairs if comparable(p)]
     return env.get_template("diff.html").render(
         r=report, d=report.to_dict(), first=first, amp=report.strongest_amplifier, out=report.get(report.output),
-        layer_plot=_layer_plot(report, local_snr), calls_plot=_calls_plot(report), tensor_plots=tensor_plots,
+        tree=tree, tree_html=_tree_html(tree, report), n_drawn=len(drawn),
+        n_not_drawn=sum(1 for p in report.pairs if p.kind not in ("param", "buffer") and not comparable(p)),
+        layer_plot=_layer_plot(report, local_snr, drawn), calls_plot=_calls_plot(report), tensor_plots=tensor_plots,
         has_local=bool(local_snr), local=local_snr or {}, fmt=fmt, fmt_corr=fmt_corr, sortval=_sortval)
 
 
@@ -70,12 +78,27 @@ def _snr(p: PairResult) -> float:
     return min(v, SNR_CAP) if v != -math.inf else -20.0
 
 
-def _layer_plot(report: DiffReport, local_snr: Mapping[str, float] | None) -> str | None:
-    pairs = [p for p in report.pairs if p.metrics]
+def _layer_plot(report: DiffReport, local_snr: Mapping[str, float] | None,
+                pairs: list[PairResult] | None = None) -> str | None:
+    """SNR and 1 - correlation of the comparable pairs only, grouped by module (shaded bands, labelled), in
+    execution order inside each group: a pair that was not compared value by value has no SNR to draw."""
+    pairs = [p for p in report.pairs if comparable(p)] if pairs is None else pairs
     if not pairs:
         return None
-    fig, ax = new_figure(10, 3.6)
+    groups = module_groups(pairs)
+    pairs = [p for _, g in groups for p in g]
+    fig, ax = new_figure(10, 3.9)
     x = np.arange(len(pairs))
+    start = 0
+    for i, (name, g) in enumerate(groups):
+        if len(groups) > 1:
+            if i % 2 == 0:
+                ax.axvspan(start - 0.5, start + len(g) - 0.5, color="#000000", alpha=0.05, lw=0)
+            if len(groups) <= 24 and len(g) >= len(pairs) / 60:
+                ax.text(start + len(g) / 2 - 0.5, 1.0, name or "<root>", transform=ax.get_xaxis_transform(),
+                        fontsize=6, rotation=30 if len(groups) > 6 else 0, ha="left" if len(groups) > 6 else "center",
+                        va="bottom", color="#555555")
+        start += len(g)
     snr = np.array([_snr(p) for p in pairs])
     failed = np.array([p.failed for p in pairs])
     ax.plot(x, snr, lw=0.6, color="#1f77b4", alpha=0.5)
@@ -87,7 +110,8 @@ def _layer_plot(report: DiffReport, local_snr: Mapping[str, float] | None) -> st
     if report.criteria.min_snr is not None:
         ax.axhline(report.criteria.min_snr, color="#d62728", lw=0.8, ls=":", label=f"min SNR {report.criteria.min_snr:g} dB")
     ax.set_ylabel("SNR (dB, higher is better)")
-    ax.set_xlabel("record in execution order")
+    ax.set_xlabel("comparable record, grouped by module" if len(groups) > 1 else "comparable record in execution order")
+    ax.set_xlim(-0.5, len(pairs) - 0.5)
     ax2 = ax.twinx()
     corr = [p.metric("pearson") for p in pairs]
     ax2.plot(x, [max(1 - c, 1e-12) if c is not None else math.nan for c in corr], lw=0.7, color="#ff7f0e",
@@ -100,8 +124,52 @@ def _layer_plot(report: DiffReport, local_snr: Mapping[str, float] | None) -> st
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, loc="lower left", fontsize=7, framealpha=0.8)
-    ax.set_title("per-layer error in execution order", fontsize=10, loc="left")
     return figure_to_data_uri(fig)
+
+
+def _tree_html(tree: ModuleTree, report: DiffReport) -> Any:
+    """The module tree as nested <details> (escaped here: module and record names come from any bundle).
+    Open by default: the root and every module on the way to the first divergence."""
+    from markupsafe import Markup, escape
+
+    opened = set(tree.open_path) | {""}
+    amp = report.strongest_amplifier
+
+    def figures(n: ModuleNode) -> str:
+        bits = [f'<span class="badge {n.verdict.replace(" ", "_")}">{escape(n.verdict)}</span>']
+        if n.worst_snr is not None:
+            bits.append(f'worst SNR <b>{escape(fmt(n.worst_snr, 3))}</b> dB')
+        bits.append(f"{n.failed} of {n.compared} failing" if n.compared else "nothing compared")
+        if n.incomparable:
+            bits.append(f"{n.incomparable} not comparable")
+        if n.nonfinite:
+            bits.append(f'<span class="nan">{n.nonfinite:,} NaN/Inf</span>')
+        if n.first_divergence:
+            bits.append('<span class="mark first">first divergence</span>')
+        if n.amplifier:
+            bits.append('<span class="mark amp">strongest amplifier</span>')
+        return " · ".join(bits)
+
+    def row(p: PairResult) -> str:
+        cls = p.status + (" first" if p.name == report.first_divergence else "") + (
+            " amp" if amp is not None and p.name == amp.name else "")
+        snr = fmt(p.metric("snr_db"), 4) if comparable(p) else "not comparable" if p.status == "not_comparable" else "–"
+        why = f"{p.cause}" if p.failed and p.cause else ""
+        return (f'<tr class="{cls}"><td class="name"><code>{escape(p.name)}</code></td><td>{escape(p.op)}</td>'
+                f'<td class="st">{escape(p.status)}</td><td class="n">{escape(snr)}</td><td>{escape(why)}</td></tr>')
+
+    def node(n: ModuleNode) -> str:
+        attrs = f' data-path="{escape(n.label)}"' + (" open" if n.path in opened else "")
+        cls = "mod " + n.verdict.replace(" ", "_") + (" has-first" if n.first_divergence else "")
+        own = ""
+        if n.pairs:
+            own = ('<table class="own"><tr><th>record</th><th>op</th><th>status</th><th>SNR dB</th><th>cause</th></tr>'
+                   + "".join(row(p) for p in n.pairs) + "</table>")
+        kids = "".join(node(c) for c in n.children)
+        return (f'<details class="{cls}"{attrs}><summary><span class="mname">{escape(n.name if n.path else n.label)}'
+                f'</span> {figures(n)}</summary><div class="kids">{kids}{own}</div></details>')
+
+    return Markup(node(tree.root))
 
 
 def _mark(ax: Any, pairs: list[PairResult], name: str | None, color: str, label: str) -> None:
