@@ -155,6 +155,29 @@ def module_place(path: str | None, module_type: str | None = None) -> str:
     return f"{label} ({module_type})" if not path and module_type else label
 
 
+def source_location(source: str | None) -> str | None:
+    """`file.py:12` of a record's source line (`file.py:12 (forward)`), or None.
+
+    >>> source_location("model.py:12 (forward)"), source_location(None)
+    ('model.py:12', None)
+    """
+    return source.rsplit(" (", 1)[0] if source else None
+
+
+def op_place(path: str | None, module_type: str | None = None, source: str | None = None) -> str:
+    """How a finding names where an op ran: its module's path, or, for an op of the top-level module's own
+    forward (path ""), that forward with the model's class and the op's source line. The root is a module
+    like any other, never "the loss" (the loss function's ops have their own scope, see nan.backward).
+
+    >>> op_place("", "Vocoder", "model.py:12 (forward)"), op_place("gen.norm", "InstanceNorm1d"), op_place("")
+    ("the model's own forward (Vocoder.forward, model.py:12)", 'gen.norm', "the model's own forward")
+    """
+    if path:
+        return module_place(path, module_type)
+    what = ", ".join(w for w in (f"{module_type}.forward" if module_type else None, source_location(source)) if w)
+    return f"the model's own forward ({what})" if what else "the model's own forward"
+
+
 def record_name(module: str, call: int = 0, op: str | None = None, k: int = 0,
                 output: int | str | None = None) -> str:
     """Build a record name following the grammar in this module's docstring.

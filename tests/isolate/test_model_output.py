@@ -46,7 +46,7 @@ def _found_at_root(report, model_type: str, culprit: str = "<root>") -> None:
     assert report.found and report.culprit == culprit, report.summary()
     assert report.ascent.module == "" and report.ascent.module_type == model_type
     assert report.first_local is None     # every isolated child passes
-    assert f"inside <root> ({model_type})" in report.summary()
+    assert f"in the model's own forward ({model_type}.forward), not in a child" in report.summary()
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -154,6 +154,6 @@ def test_cli_exits_1_naming_the_root_and_0_for_a_faithful_subclass(targets):
     runner = CliRunner()
     res = runner.invoke(app, ["isolate", f"{targets}:ref", f"{targets}:x11"])
     text = " ".join(res.output.split())
-    assert res.exit_code == 1 and "inside <root> (SileroVAD)" in text and "output.0" in text, res.output
+    assert res.exit_code == 1 and "in the model's own forward (SileroVAD.forward)" in text and "output.0" in text, res.output
     res = runner.invoke(app, ["isolate", f"{targets}:ref", f"{targets}:x1"])
     assert res.exit_code == 0 and "No divergence" in res.output, res.output

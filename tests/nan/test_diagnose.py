@@ -133,7 +133,7 @@ def test_a_one_pass_variance_is_named_wherever_it_runs_and_whatever_its_shape(no
         assert "a one-pass variance E[x²] − E[x]²" in text and "variance came out negative" in text, (producer, text)
         assert "mean → sub" in text, text                      # the op chain it was read from
         if where == "root":
-            assert "<root> (OnePassInRoot)" in o.headline(), o.headline()
+            assert "in the model's own forward (OnePassInRoot.forward, " in o.headline(), o.headline()
 
 
 @pytest.mark.parametrize("shape", ["1CT", "BCT"])
@@ -212,7 +212,7 @@ def test_silero_magnitude_with_a_sign_typo_is_a_negative_value_not_a_variance(si
     # sqrt(re² − im²) for sqrt(re² + im²): a difference of squares, of no mean; whole channels go NaN
     model, inputs = _silero_variant(lambda re, im: (re ** 2 - im ** 2).sqrt(), torch.sigmoid)
     o = tp.find_first_nonfinite(model, *inputs)
-    assert o.record == "<root>/sqrt.0" and "<root> (Port)" in o.headline()
+    assert o.record == "<root>/sqrt.0" and "in the model's own forward (Port.forward, " in o.headline()
     text = " ".join(o.diagnosis)
     assert "pow → sub" in text and not NORM_WORDS.search(text.replace("a variance or another statistic", ""))
     assert o.output.stats.nonfinite_channels > 0          # whole channels, and still not a normalization
@@ -248,7 +248,7 @@ def test_log_of_kokoro_audio_in_the_root_is_named_at_the_root_with_its_class(kok
     model, inputs = LogAudio().eval(), kokoro.decoder_inputs(0.3)
     o = tp.find_first_nonfinite(model, *inputs)
     assert o.op == "aten.log.default" and o.module == "" and o.output.shape == (1, 1, 7200)
-    assert o.headline().startswith("NaN/Inf born at aten.log.default in <root> (LogAudio)")
+    assert o.headline().startswith("NaN/Inf born at aten.log.default in the model's own forward (LogAudio.forward, ")
     assert not NORM_WORDS.search(" ".join(o.diagnosis).replace("a variance or another statistic", ""))
     # the module-level bundle of the same run: the root's own record, named with its class everywhere
     m = tp.find_nonfinite_in_bundle(tp.capture(model, *inputs, level="module", out=tmp_path / "m"))
@@ -293,14 +293,14 @@ class LogThenPost(nn.Module):
 def test_module_level_nan_born_in_the_roots_own_code_is_not_pinned_on_the_next_submodule(tmp_path):
     model, x = LogThenPost(), torch.randn(1, 8, 200)
     o = tp.find_nonfinite_in_bundle(tp.capture(model, x, level="module", out=tmp_path / "m"))
-    assert o.record == "post" and o.or_born_in == "<root> (LogThenPost)"
+    assert o.record == "post" and o.or_born_in == "the model's own forward (LogThenPost.forward)"
     assert o.headline().startswith("NaN/Inf first seen in the output of post: born inside it, or in the code of "
-                                   "<root> (LogThenPost)")
-    assert o.to_dict()["or_born_in"] == "<root> (LogThenPost)"
+                                   "the model's own forward (LogThenPost.forward)")
+    assert o.to_dict()["or_born_in"] == "the model's own forward (LogThenPost.forward)"
     # with the module inputs recorded the bundle can tell: post's input already holds it
     o = tp.find_nonfinite_in_bundle(tp.capture(model, x, level="module", record_inputs=True, out=tmp_path / "i"))
     assert o.record == "post:in0" and o.module == "" and o.module_type == "LogThenPost"
-    assert o.headline().startswith("NaN/Inf born in <root> (LogThenPost)'s own code, before it called post")
+    assert o.headline().startswith("NaN/Inf born in the model's own forward (LogThenPost.forward), before it called post")
     # the NaN moved into post itself (keep the layers, change where it is born): post is named, without doubt
     class LogInPost(LogThenPost):
         def __init__(self):
@@ -363,7 +363,7 @@ def test_backward_origin_in_the_roots_forward_is_the_root_and_in_the_loss_is_the
     x = torch.randn(8, 4)
     o = find_first_nonfinite_backward(Root(), (x,), lambda y: y.pow(2).mean())
     assert o.found and o.module == "" and o.record == "<root>/sqrt.0"
-    assert "of aten.sqrt.default in <root> (Root) (<root>/sqrt.0)" in o.headline() and "the loss (" not in o.headline()
+    assert "of aten.sqrt.default in the model's own forward (Root.forward, " in o.headline() and "the loss (" not in o.headline()
 
     def loss(y):
         return torch.sqrt(y - y).sum()

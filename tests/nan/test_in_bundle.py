@@ -68,12 +68,12 @@ def test_a_nan_made_in_the_roots_forward_and_handed_down_is_the_roots(tmp_path, 
     """Before: "born inside it, or in the code of post that made its input" for a sqrt in <root>'s forward."""
     o = _origin(tmp_path, Net("root", nested, name))
     child = f"{name}.body.lin" if nested else f"{name}.lin"
-    assert o.found and o.record == child and o.or_born_in == "<root> (Net)", o.headline()
-    assert "in the code of <root> (Net) that made its input" in o.headline()
-    assert any("made by the code of <root> (Net) itself" in d for d in o.diagnosis)
+    assert o.found and o.record == child and o.or_born_in == "the model's own forward (Net.forward)", o.headline()
+    assert "in the code of the model's own forward (Net.forward) that made its input" in o.headline()
+    assert any("made by the code of the model's own forward (Net.forward) itself" in d for d in o.diagnosis)
 
 
-@pytest.mark.parametrize("where, said", [("root", "post or <root> (Net)"), ("inner", "post")])
+@pytest.mark.parametrize("where, said", [("root", "post or the model's own forward (Net.forward)"), ("inner", "post")])
 def test_a_bundle_without_the_tag_names_every_module_that_may_have_made_the_input(tmp_path, where, said):
     """A bundle captured before `inputs_made_in:` was recorded: where post's own input was unrecorded too, the value
     may have come down from the root, and both are named; where post read a recorded value, post alone made it."""
@@ -118,7 +118,7 @@ def test_a_nan_made_inside_the_module_whose_inputs_are_recorded_is_born_there(tm
 def test_the_diff_of_the_healthy_model_names_the_same_module(tmp_path):
     x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(0))
     ref = tp.capture(Net("none"), x, out=tmp_path / "ref")
-    for where, place in (("root", "<root> (Net)"), ("inner", "post")):
+    for where, place in (("root", "the model's own forward (Net.forward)"), ("inner", "post")):
         r = tp.diff(ref, tp.capture(Net(where), x, out=tmp_path / where))
         first = r.get(r.first_divergence)
         assert first.name == "post.lin" and f"made by the code of {place} itself" in first.explanation, r.summary

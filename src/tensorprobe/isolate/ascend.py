@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..diff.noise import WEIGHT_UNITS, dtype_roundoff
 from ..hooks import module_hooks
-from ..record import module_label, record_name
+from ..record import record_name
 from . import passes
 from .noise import dtype_str
 from ..rng.draws import is_draw_mismatch
@@ -70,9 +70,11 @@ class Ascent:
                     f"modules, nor the {len(around)} module call(s) around it ({named}). The difference is "
                     f"rounding amplified along the model, or builds up from local errors each within the noise: "
                     f"diff op-level captures to see where.")
-        label = module_label(self.module or "")
-        parts = [f"Error enters inside {label} ({self.module_type}"
-                 + (f", call {self.call}" if self.call else "") + "), in its own code, not in a child"]
+        call = f", call {self.call}" if self.call else ""
+        if self.module:
+            parts = [f"Error enters inside {self.module} ({self.module_type}{call}), in its own code, not in a child"]
+        else:    # the top-level module's own code: the model's forward around its children, never "the loss"
+            parts = [f"Error enters in the model's own forward ({self.module_type}.forward{call}), not in a child"]
         failing_children = [n for n, v in self.children if v == "local"]
         if not failing_children:
             words = f"its {len(self.children)} child call(s) pass alone" if self.children else "it calls no child"

@@ -32,7 +32,7 @@ from ..hooks import ModuleStack, module_hooks, op_base_name, op_full_name, op_te
 from ..record import record_name
 from .diagnose import Evidence, diagnose
 from .live import _check_inputs_and_parameters, _has_nonfinite
-from .origin import CAUSE_OP, LOSS_MODULE, NanOrigin, TensorSummary
+from .origin import CAUSE_OP, LOSS_MODULE, LOSS_MODULE_ALT, NanOrigin, TensorSummary
 
 MAX_NAMED = 8                 # parameters and positions named in full; the rest are counted
 
@@ -91,6 +91,7 @@ class _NodeNamer(TorchDispatchMode):
         self.op_counts: dict[tuple[str, int, str], int] = {}
         self.forward_nonfinite: tuple[_Site, list[torch.Tensor], torch.Tensor] | None = None
         self.ops = 0
+        self.loss_scope = LOSS_MODULE     # the module path the loss function's ops run under
 
     def resolve(self) -> None:
         for t, site in self._pending:
@@ -176,14 +177,18 @@ def find_first_nonfinite_backward(model: torch.nn.Module, inputs: Sequence[Any] 
 def _search(model, inputs, loss_fn, params, full: bool, call=None) -> NanOrigin:
     modules = ModuleStack()
     types = {path: type(m).__name__ for path, m in model.named_modules()}
-    types[LOSS_MODULE] = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    # the loss function's ops get a scope of their own, one no module of the model has (a model may hold its
+    # criterion as `self.loss`, and its root's own ops are "": neither is the loss function)
+    scope = LOSS_MODULE if LOSS_MODULE not in types else LOSS_MODULE_ALT
+    types[scope] = getattr(loss_fn, "__name__", type(loss_fn).__name__)
     namer = _NodeNamer(modules, types)
+    namer.loss_scope = scope
     hooks = module_hooks(model.named_modules(), pre=modules.enter_hook, post=modules.exit_hook, always_call=True)
     with torch.enable_grad(), hooks, namer:
         out = call(model, *inputs) if call is not None else model(*inputs)
-        modules.enter(LOSS_MODULE)
+        modules.enter(scope)
         loss = loss_fn(out)
-        modules.exit(LOSS_MODULE)
+        modules.exit(scope)
         namer.resolve()
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise InputError(f"loss_fn must return a scalar tensor, got "
@@ -192,7 +197,7 @@ def _search(model, inputs, loss_fn, params, full: bool, call=None) -> NanOrigin:
         raise InputError("the loss does not depend on any parameter (no grad_fn): nothing to differentiate")
     if not math.isfinite(float(loss.detach())):
         return _forward_finding(namer, loss)
-    watch = _BackwardWatch(namer.sites, stop=not full)
+    watch = _BackwardWatch(namer.sites, stop=not full, loss_scope=scope)
     handles = [node.register_hook(watch.hook(node)) for node in _graph_nodes(loss.grad_fn)]
     try:
         loss.backward(retain_graph=True)     # the origin's saved tensors (sqrt's result: where x = 0) are evidence
@@ -227,8 +232,9 @@ class _Stop(Exception):
 
 
 class _BackwardWatch:
-    def __init__(self, sites: dict[Any, _Site], stop: bool = False):
+    def __init__(self, sites: dict[Any, _Site], stop: bool = False, loss_scope: str = LOSS_MODULE):
         self.sites = sites
+        self.loss_scope = loss_scope
         self.stop = stop
         self.origin: tuple[Any, tuple, tuple] | None = None
         self.nodes = 0
@@ -270,7 +276,7 @@ class _BackwardWatch:
                          if g is not None),
             output=TensorSummary.of(f"gradient of input {which}", grad), diagnosis=tuple(diagnosis),
             elements=elements, reaches=reaches, masked=masked is not None and masked >= 0.999,
-            ops_checked=self.nodes)
+            ops_checked=self.nodes, in_loss=site is not None and site.module == self.loss_scope)
 
 
 def _graph_nodes(root) -> list[Any]:
@@ -413,13 +419,15 @@ def _diagnose(node, base: str, grad, incoming, masked: float | None, reaches, si
 
 def _forward_finding(namer: _NodeNamer, loss: torch.Tensor) -> NanOrigin:
     if namer.forward_nonfinite is None:
-        return NanOrigin(found=True, cause=CAUSE_OP, direction="forward", record=LOSS_MODULE, module=LOSS_MODULE,
+        return NanOrigin(found=True, cause=CAUSE_OP, direction="forward", record=namer.loss_scope,
+                         module=namer.loss_scope, module_type=namer.module_types.get(namer.loss_scope), in_loss=True,
                          diagnosis=("The loss is non-finite but no op made it so from finite inputs.",))
     site, ins, out = namer.forward_nonfinite
     ev = Evidence(op=site.base, module_type=site.module_type, inputs=ins, output=out)
     return NanOrigin(
         found=True, cause=CAUSE_OP, direction="forward", record=site.record, op=site.op, module=site.module,
         module_type=site.module_type, source=site.source, output=TensorSummary.of(site.record, out),
+        in_loss=site.module == namer.loss_scope,
         inputs=tuple(TensorSummary.of(f"input {i}", t) for i, t in enumerate(ins)), ops_checked=namer.ops,
         diagnosis=tuple(diagnose(ev)) + ("The forward (or the loss) is already non-finite: this is not a "
                                          "backward NaN; fix the forward first.",))

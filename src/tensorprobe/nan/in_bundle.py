@@ -14,7 +14,8 @@ from ..bundle import Bundle
 from ..errors import BundleError
 from ..ops import NAN_FREE_OPS, canonical_op
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_PARAM, TAG_INPUTS_MADE_IN,
-                      TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT, WEIGHT_KINDS, Record, module_label, module_place)
+                      TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT, WEIGHT_KINDS, Record, module_label, module_place,
+                      op_place)
 from ..stats import TensorStats
 from .computation import MAX_DEPTH, OpNode
 from .diagnose import (VARIANCE_ADVICE, Evidence, diagnose, diagnose_from_stats, in_normalization,
@@ -162,6 +163,11 @@ class _Context:
         """The module as a finding names it: the root with the model's class."""
         return module_place(module, self.types.get(module))
 
+    def code(self, module: str) -> str:
+        """The own code of a module (what runs between its children's calls): the root's is the model's own
+        forward, with the model's class."""
+        return op_place(module, self.types.get(module))
+
     def type_of(self, r: Record) -> str:
         return self.types.get(r.module, "")
 
@@ -201,7 +207,7 @@ def _before_the_call(ctx: _Context, r: Record) -> NanOrigin:
     last = _last_finite_before(ctx, r)
     since = f" after {last.name} (the last finite record)" if last is not None else ""
     text = (f"{r.name}, an input of {ctx.place(r.module)}, is the first record holding non-finite values: they were "
-            f"made before the call, by code of {ctx.place(parent)} that ran{since}, which this bundle does not "
+            f"made before the call, by the code of {ctx.code(parent)} that ran{since}, which this bundle does not "
             "record op by op; capture at level='op' to see the op.")
     return NanOrigin(found=True, cause=CAUSE_UNRECORDED, record=r.name, op=None, module=parent,
                      module_type=ctx.types.get(parent) or None, op_index=r.order,
@@ -222,7 +228,7 @@ def _unrecorded_origin(ctx: _Context, r: Record) -> NanOrigin:
     """The NaN came from a value the bundle lacks: name the module whose output first holds it."""
     b, records = ctx.b, ctx.records
     producer = _producer_of_unrecorded(r, records)
-    first = f"The first record holding NaN is {r.op} in {ctx.place(r.module)} ({r.name}), an op that " \
+    first = f"The first record holding NaN is {r.op} in {op_place(r.module, ctx.types.get(r.module), r.source)} ({r.name}), an op that " \
             f"cannot make NaN from finite inputs: the NaN came in through a value it read that the bundle does " \
             f"not hold (a kernel whose output the runtime did not expose)."
     if producer is None:
@@ -329,14 +335,14 @@ def _parent_code(ctx: _Context, r: Record) -> str | None:
         return None
     made_in = next((t[len(TAG_INPUTS_MADE_IN):] for t in r.tags if t.startswith(TAG_INPUTS_MADE_IN)), None)
     if made_in is not None:
-        return ctx.place(made_in)
+        return ctx.code(made_in)
     # without the tag: the parent, or an ancestor further up while each one's own input was unrecorded too
     # (the value may have been handed down through their calls)
     places = [_parent_of(r.module)]
     while places[-1] and any(TAG_INPUTS_UNRECORDED in x.tags for x in ctx.records
                              if x.module == places[-1] and x.op.startswith("module:")):
         places.append(_parent_of(places[-1]))
-    return " or ".join(ctx.place(m) for m in places)
+    return " or ".join(ctx.code(m) for m in places)
 
 
 def _module_level_advice(ctx: _Context, r: Record, or_born_in: str | None) -> str:

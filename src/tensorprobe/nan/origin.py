@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..record import OP_UNKNOWN, dtype_name, module_place
+from ..record import OP_UNKNOWN, dtype_name, module_place, op_place
 from ..stats import TensorStats, compute_stats
 from .masks import Mask
 
@@ -16,9 +16,11 @@ CAUSE_UNTRACKED = "untracked_input"
 CAUSE_RECORD = "record"
 CAUSE_UNRECORDED = "unrecorded_value"   # born in a value the bundle does not hold (a kernel not tapped)
 CAUSE_MASK_OUTPUT = "mask_reaches_output"   # ±Inf a constant wrote on purpose (a mask) is still in a model output
-# The module path the backward search names the loss function's ops under (`loss/log.0`); the model's own
-# root module is "" and is never "the loss".
+# The module path the backward search names the loss function's ops under (`loss/log.0`; `<loss>/log.0` for a
+# model that has a submodule named `loss`). The model's own root module is "" and is never "the loss":
+# `NanOrigin.in_loss` says whether a finding ran inside loss_fn.
 LOSS_MODULE = "loss"
+LOSS_MODULE_ALT = "<loss>"
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,19 @@ class NanOrigin:
     # ±Inf written on purpose by constants (`nan.masks`), met before the finding or in a clean run: not findings
     # while no model output holds them and no op turns them into NaN
     masks: tuple[Mask, ...] = ()
+    in_loss: bool = False              # the op ran inside loss_fn (backward search), not in the model
+
+    def place(self) -> str:
+        """Where the op ran, in words: 'the loss (spectral_loss)', 'the model's own forward (Vocoder.forward,
+        model.py:12)' for an op of the top-level module's own code, or the module's path."""
+        if self.in_loss:
+            named = self.module_type not in (None, "", LOSS_MODULE, LOSS_MODULE_ALT, "<lambda>")
+            return f"the loss ({self.module_type})" if named else "the loss"
+        if self.module is None:
+            return "an op no watched forward made" if self.direction == "backward" else module_place("")
+        if self.op and not self.op.startswith("module:") and self.op != OP_UNKNOWN:
+            return op_place(self.module, self.module_type, self.source)
+        return module_place(self.module, self.module_type)
 
     def headline(self) -> str:
         if not self.found and self.incomplete:
@@ -97,11 +112,7 @@ class NanOrigin:
         if not self.found:
             return f"No NaN or Inf: all {self.ops_checked} op outputs are finite."
         if self.direction == "backward":
-            named = self.module_type not in (None, "", LOSS_MODULE, "<lambda>")   # the loss function's own name
-            where = (f"the loss ({self.module_type})" if self.module == LOSS_MODULE and named
-                     else "the loss" if self.module == LOSS_MODULE
-                     else module_place(self.module, self.module_type) if self.module is not None
-                     else "an op no watched forward made")
+            where = self.place()
             lands = (f"reaches {len(self.reaches)} parameter gradients" if self.reaches
                      else "masked before any parameter")
             return (f"NaN/Inf gradient born in the backward pass at {self.backward_op}, the gradient of {self.op} "
@@ -110,7 +121,7 @@ class NanOrigin:
             return f"The model inputs are already non-finite ({self.record}): nothing inside the model is to blame."
         if self.cause == CAUSE_PARAMETER:
             return f"Parameter {self.record} is non-finite: the weights were broken before the forward ran."
-        where = module_place(self.module or "", self.module_type)
+        where = self.place()
         if self.cause == CAUSE_MASK_OUTPUT:
             out = self.output.name if self.output else "a model output"
             m = next((m for m in self.masks if m.record == self.record), None)
@@ -120,7 +131,8 @@ class NanOrigin:
         pattern = self.output.stats.channel_pattern() if self.output else None
         tail = f" — {pattern}" if pattern else ""
         if self.cause == CAUSE_UNRECORDED and self.op is None:
-            return f"NaN/Inf born in {where}'s own code, before it called {self.record.split(':')[0]}{tail}"
+            code = op_place("", self.module_type) if not self.module else f"{where}'s own code"
+            return f"NaN/Inf born in {code}, before it called {self.record.split(':')[0]}{tail}"
         if self.cause == CAUSE_UNRECORDED:
             return f"NaN/Inf born inside {where} (its kernel's output is not in the bundle; its module output holds it){tail}"
         if self.op and self.op.startswith("module:") and self.or_born_in:
@@ -152,5 +164,5 @@ class NanOrigin:
             "headline": self.headline(), "note": self.note, "incomplete": self.incomplete,
             "direction": self.direction, "backward_op": self.backward_op, "elements": self.elements,
             "reaches": list(self.reaches), "masked": self.masked, "or_born_in": self.or_born_in,
-            "masks": [m.to_dict() for m in self.masks],
+            "masks": [m.to_dict() for m in self.masks], "in_loss": self.in_loss,
         }

@@ -25,8 +25,14 @@ def finding(step: int, kind: str, severity: str, message: str, **extra: Any) -> 
     return {"step": step, "kind": kind, "severity": severity, "message": message, **extra}
 
 
-def module_of(param: str) -> str:
-    return param.rsplit(".", 1)[0] if "." in param else param
+def module_of(param: str, root: str = "") -> str:
+    """The layer (module) a parameter belongs to: its path; a parameter of the top-level module itself (a bare
+    `nn.Linear`'s `weight`) belongs to the model, named by its class (`root`), never by the parameter.
+
+    >>> module_of("enc.conv.weight"), module_of("weight", "Linear"), module_of("bias")
+    ('enc.conv', 'Linear', '<root>')
+    """
+    return param.rsplit(".", 1)[0] if "." in param else (root or "<root>")
 
 
 @dataclass
@@ -48,6 +54,8 @@ class Episodes:
 class Jumps:
     """Per parameter, a figure (gradient norm, update ratio) that jumps far above or below the parameter's own
     recent history (median of its log over a window): reported per layer, the largest jump first."""
+
+    root = ""     # the model's class: names the layer of the top-level module's own parameters
 
     def __init__(self, window: int, what: str, up: str, down: str | None):
         self.window, self.what, self.up, self.down = window, what, up, down
@@ -72,7 +80,7 @@ class Jumps:
         out = []
         for kind, group in jumps.items():
             words = "explodes" if kind == self.up else "vanishes"
-            for layer, members in _by_layer(group).items():
+            for layer, members in _by_layer(group, self.root).items():
                 name, value, ref = max(members, key=_decades)
                 out.append(finding(step, kind, "warning",
                                    f"{self.what} of {layer} {words}: {value:.3g} against {ref:.3g} over its last "
@@ -90,6 +98,7 @@ class GradientHistory:
     """Per parameter: non-finite gradients, and norms that explode or vanish against their own history."""
 
     def __init__(self, window: int):
+        self.root = ""
         self.jumps = Jumps(window, "gradient norm", "exploding_gradient", "vanishing_gradient")
         self.nonfinite = Episodes()     # steps of NaN gradients in a row are one finding, at the first
 
@@ -101,13 +110,14 @@ class GradientHistory:
         out = []
         if self.nonfinite.start("any", bool(nonfinite)):
             names = sorted(nonfinite)
-            layers = sorted({module_of(n) for n in names})
+            self.jumps.root = self.root
+            layers = sorted({module_of(n, self.root) for n in names})
             worst = max(names, key=lambda n: nonfinite[n])
             out.append(finding(step, "nonfinite_gradient", "error",
                                f"non-finite gradients in {_count(len(names), 'parameter')} of "
                                f"{_count(len(layers), 'layer')} (most: {worst}, {nonfinite[worst]} values); "
                                "later steps in a row with non-finite gradients are not reported again",
-                               layer=module_of(worst), layers=layers, params=names))
+                               layer=module_of(worst, self.root), layers=layers, params=names))
         return out + self.jumps.update(step, {n: v for n, v in norms.items() if n not in nonfinite})
 
 
@@ -115,11 +125,11 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _by_layer(items: list[Any]) -> dict[str, list[Any]]:
+def _by_layer(items: list[Any], root: str = "") -> dict[str, list[Any]]:
     """Group parameter names, or tuples that start with one, by the module (layer) they belong to."""
     out: dict[str, list[Any]] = {}
     for item in items:
-        out.setdefault(module_of(item if isinstance(item, str) else item[0]), []).append(item)
+        out.setdefault(module_of(item if isinstance(item, str) else item[0], root), []).append(item)
     return out
 
 
@@ -184,6 +194,8 @@ class OutputCollapse:
 class FrozenWeights:
     """Parameters whose optimizer steps stop changing them while their gradient is not zero."""
 
+    root = ""
+
     def __init__(self, patience: int):
         self.patience = patience
         self.still: dict[str, int] = {}
@@ -197,7 +209,7 @@ class FrozenWeights:
             if self.episodes.start(name, self.still[name] >= self.patience):
                 frozen.append(name)
         out = []
-        for layer, names in _by_layer(frozen).items():
+        for layer, names in _by_layer(frozen, self.root).items():
             out.append(finding(step, "frozen_weights", "warning",
                                f"the weights of {layer} stopped moving: {self.patience} optimizer steps left "
                                f"{', '.join(names)} unchanged although their gradient is not zero (a learning rate "
@@ -291,6 +303,8 @@ class CrossLayer:
     absolute bound and against the median of the model's other layers. Only matrices and kernels (≥2-D) are
     judged: a bias or a norm gain starts at 0 or 1 by design, so its ratio says nothing about the lr."""
 
+    root = ""
+
     def __init__(self, kind: str, bound: float | None, factor: float, describe: Callable[..., str]):
         self.kind, self.bound, self.factor, self.describe = kind, bound, factor, describe
         self.episodes = Episodes()
@@ -306,7 +320,7 @@ class CrossLayer:
             if self.episodes.start(name, high_vs_others or over_bound):
                 flagged.append((name, value, ref))
         out = []
-        for layer, members in _by_layer(flagged).items():
+        for layer, members in _by_layer(flagged, self.root).items():
             name, value, ref = max(members, key=lambda m: m[1])
             # far above every other layer is an error; over the absolute bound alone (a high lr for all), a warning
             severe = self.kind == "exploding_update" and ref is not None and value >= self.factor * ref
@@ -319,6 +333,8 @@ class CrossLayer:
 class DeadGradients:
     """Parameters whose gradient has been exactly zero (or absent) at every step since the first: a dead ReLU
     layer, a branch detached from the loss."""
+
+    root = ""
 
     def __init__(self, patience: int):
         self.patience = patience
@@ -335,7 +351,7 @@ class DeadGradients:
         self.reported = True
         dead = [n for n, c in self.zero_since_start.items() if c >= self.patience]
         out = []
-        for layer, names in _by_layer(dead).items():
+        for layer, names in _by_layer(dead, self.root).items():
             out.append(finding(step, "dead_gradient", "warning",
                                f"{layer} gets no gradient: {', '.join(names)} had a gradient of exactly 0 (or none) "
                                f"at every step since step 0 ({self.patience} steps): a layer whose ReLU is dead on "

@@ -93,6 +93,9 @@ class Monitor:
         self._dead = DeadGradients(patience=max(5, window // 5))
         self._trend = LossTrend(window)
         self._data_collapse = DataCollapse(patience=max(5, window // 5))
+        for detector in (self._gradients, self._gradients.jumps, self._frozen, self._updates, self._cross_updates,
+                         self._cross_grads, self._dead):   # the root's own parameters are the model's layer
+            detector.root = type(model).__name__
         self._judged = {n for n, p in self.params if p.dim() >= 2}
         self._numel = {n: p.numel() for n, p in self.params}
         self._group_of = self._param_groups()

@@ -230,10 +230,10 @@ def summarize(run: str | os.PathLike) -> RunSummary:
             if key == "loss" or kind == "loss":
                 _put(s.losses, key, col, v)
             elif kind == "grad_norm":
-                layer = module_of(name)
+                layer = module_of(name, s.model)
                 layers[layer] = v if not math.isfinite(v) else max(layers.get(layer, 0.0), v)
             elif kind == "update_ratio":
-                layer = module_of(name)
+                layer = module_of(name, s.model)
                 ratios[layer] = max(ratios.get(layer, 0.0), v)
             elif kind == "out_std":
                 _put(s.outputs, name, col, v)
