@@ -135,10 +135,14 @@ def test_nan_overlay_names_the_node_and_channels(crepe_ports):
     born = [k for k, v in nan.items() if v["value"].startswith("NaN/Inf born here")]
     assert born == [node]
     assert "channels 3, 7 of 256" in nan[node]["value"] or "channels 3, 7 of" in nan[node]["value"]
-    # the diff's own overlay carries the same origin and every later node that holds NaN
-    data = diff_node_data(tp.diff(ref, cand), cand, nan_origin=origin)
-    assert data["findings"]["results"][node]["bgColor"] == "#000000"
-    assert len(data["nan"]["results"]) > 1
+    # the diff's own overlays find the same origin (searched when not given) and every later node holding NaN
+    for given in (origin, None):
+        data = diff_node_data(tp.diff(ref, cand), cand, nan_origin=given)
+        assert data["findings"]["results"][node]["bgColor"] == "#000000"
+        assert [k for k, v in data["nan"]["results"].items() if "born here" in v["value"]] == [node]
+        assert len(data["nan"]["results"]) > 1
+        assert all(v["value"].startswith("NaN/Inf born") or "non-finite of" in v["value"]
+                   for v in data["nan"]["results"].values())
 
 
 def test_cli_writes_overlays_and_explore_without_the_extra_is_one_line(crepe_ports, tmp_path):

@@ -138,12 +138,16 @@ def _snr_value(v: float | None) -> float | None:
 
 
 def _channels(stats: Any) -> str:
+    """` (channels 3, 7 of 256)`: the channels (dim 1) holding NaN/Inf, as the statistics kept them."""
     idx = tuple(getattr(stats, "nonfinite_channel_idx", ()) or ())
     n = getattr(stats, "nonfinite_channels", 0) + getattr(stats, "partial_nonfinite_channels", 0)
+    of = f" of {stats.channels}" if getattr(stats, "channels", None) else ""
     if not n:
         return ""
-    shown = ", ".join(str(i) for i in idx[:8]) + (", …" if len(idx) > 8 or n > len(idx[:8]) else "")
-    return f" (channel{'s' if n > 1 else ''} {shown} of {stats.channels})" if shown else f" ({n} channels)"
+    if not idx:
+        return f" ({n} channel{'s' if n > 1 else ''}{of})"
+    shown = ", ".join(str(i) for i in idx[:8]) + (", …" if n > min(len(idx), 8) else "")
+    return f" (channel{'s' if n > 1 else ''} {shown}{of})"
 
 
 def _nonfinite(stats: Any) -> int:
@@ -162,7 +166,8 @@ def diff_node_data(report: Any, cand: Bundle | None = None, *, graph: str | os.P
     Args:
         cand: the candidate bundle (opened from the report when omitted): its records' runtime names.
         graph: the ONNX file the candidate ran (found from the bundle's manifest when omitted and it exists).
-        nan_origin: a `NanOrigin` of the candidate bundle, to mark where its NaN/Inf was born.
+        nan_origin: a `NanOrigin` of the candidate bundle, to mark where its NaN/Inf was born (searched here
+            when omitted and the candidate holds NaN/Inf).
     """
     cand = cand or Bundle.open(report.cand)
     index = graph_index(graph if graph is not None else candidate_graph(cand))
@@ -195,6 +200,10 @@ def diff_node_data(report: Any, cand: Bundle | None = None, *, graph: str | os.P
         elif p.passed:
             n.status = n.status or "pass"
             n.mark("pass", "pass")
+    if nan_origin is None and any(_nonfinite(r.stats) for r in cand if r.kind not in ("param", "buffer")):
+        from ..nan import find_nonfinite_in_bundle      # where the candidate's NaN/Inf was born, to mark it
+
+        nan_origin = find_nonfinite_in_bundle(cand)
     _mark_nonfinite(nodes, cand, index, nan_origin)
 
     snr = {k: {"value": n.snr, **_bg("fail" if n.status == "fail" else "pass")}
@@ -236,7 +245,7 @@ def _mark_nonfinite(nodes: dict[str, _Node], bundle: Bundle, index: GraphIndex, 
             n.mark("nan_origin", f"NaN/Inf born here{_channels(rec.stats)}")
         elif not (n.nan and "born" in n.nan):
             n.nan = f"{count} non-finite of {rec.stats.numel}{_channels(rec.stats)}"
-            n.mark("nonfinite", "non-finite (inherited)")
+            n.mark("nonfinite", "non-finite (inherited)" if born else "non-finite")
 
 
 def _bg(kind: str) -> dict[str, str]:
