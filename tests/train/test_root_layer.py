@@ -91,3 +91,27 @@ def test_a_nan_gradient_born_in_the_vads_own_forward_is_not_the_loss(tmp_path):
     assert "in the loss" not in f["origin_headline"]
     # the root's own parameters: none here (every weight is in a child), so no layer is named `SileroVAD`
     assert "SileroVAD" not in f["layers"] and "stft_conv" in f["layers"]
+
+
+
+def test_a_nan_born_in_the_loss_function_is_the_loss_by_its_name(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        fitted = model(x).clone()                            # a batch already fitted: the RMSE is sqrt(0)
+
+    def rmse_loss(out):
+        return (out - fitted).pow(2).mean().sqrt()
+
+    mon = Monitor(model, opt, run_dir=tmp_path / "run", diagnose=lambda: ((x,), rmse_loss))
+    loss = rmse_loss(model(x))
+    opt.zero_grad()
+    loss.backward()
+    mon.step(loss)
+    mon.close()
+    f = _nan_finding(mon)
+    assert f["layer"] == "Linear" and f["layers"] == ["Linear"] and f["origin_record"] == "loss/sqrt.0", f
+    assert "of aten.sqrt.default in the loss (rmse_loss) (loss/sqrt.0)" in f["origin_headline"], f["origin_headline"]
+    assert "model's own forward" not in f["origin_headline"]

@@ -33,6 +33,15 @@ from .run import RunWriter, as_float, read_findings, read_rows
 from .updates import WeightSnapshot
 
 
+def _scaled_loss(loss_fn: Callable, scale: float) -> Callable:
+    """loss_fn times the GradScaler's scale, under loss_fn's own name (a finding in it reads 'the loss
+    (spectral_loss)', not an anonymous lambda's)."""
+    def scaled(out):
+        return loss_fn(out) * scale
+    scaled.__name__ = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    return scaled
+
+
 class TrainingStopped(TensorprobeError):
     """Raised by `Monitor.step` when a finding of a kind in `stop_on` is made."""
 
@@ -416,7 +425,7 @@ class Monitor:
         self.pause()            # the re-run's gradients and outputs are not this step's
         try:
             inputs, loss_fn, *call = self.diagnose()
-            scaled = loss_fn if not scale else (lambda out: loss_fn(out) * scale)
+            scaled = loss_fn if not scale else _scaled_loss(loss_fn, scale)
             with _autocast_like(context):
                 origin = find_first_nonfinite_backward(self.model, inputs, scaled, call=call[0] if call else None)
         except Exception as e:  # noqa: BLE001 - a diagnosis that fails must not stop the training it watches
