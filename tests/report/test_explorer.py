@@ -178,6 +178,19 @@ def test_graph_json_keys_match_the_overlays(crepe_ports):
     assert set(data["findings"]["results"]) <= ids
 
 
+def test_an_int8_graph_folds_into_the_float_modules(tmp_path):
+    """quantize_dynamic adds nodes the export never scoped (DynamicQuantizeLinear, ConvInteger, the rescale Mul):
+    each takes the module of the node it feeds, so the int8 graph folds into the same modules as the fp32 one."""
+    int8 = crepe.onnx_ports(tmp_path)["int8"]
+    model = onnx.load(str(int8))
+    added = {n.name for n in model.graph.node if not any(p.key == "tensorprobe.scope" for p in n.metadata_props)}
+    assert any(n.op_type == "ConvInteger" and n.name in added for n in model.graph.node)
+    nodes = {n["id"]: n for n in json.loads(onnx_graph_json(int8))["graphCollections"][0]["graphs"][0]["nodes"]}
+    conv_integer = [nodes[n.name] for n in model.graph.node if n.op_type == "ConvInteger"]
+    assert len(conv_integer) == 6
+    assert sorted(n["namespace"] for n in conv_integer) == [f"conv{i}" for i in range(1, 7)]
+
+
 # ---- end to end: Model Explorer's server and headless chromium -------------------------------------------------
 def _cdp_screenshot(url: str, shot: Path, wait: float, js: str) -> str:
     """Open `url` in headless chromium, wait, evaluate `js` and take a screenshot (DevTools protocol)."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -306,12 +307,13 @@ def onnx_graph_json(path: str | os.PathLike) -> str:
     for nid, node in zip(ids, g.node):
         for k, out in enumerate(node.output):
             producer[out] = (nid, k)
+    spaces = _namespaces(g, ids)
     for nid, node in zip(ids, g.node):
         edges = [{"sourceNodeId": producer[v][0], "sourceNodeOutputId": str(producer[v][1]),
                   "targetNodeInputId": str(i)} for i, v in enumerate(node.input) if v in producer]
         attrs = [{"key": "name", "value": node.name or nid}] + [
             {"key": a.name, "value": _attr_text(a)} for a in node.attribute if a.type != onnx.AttributeProto.GRAPH]
-        nodes.append({"id": nid, "label": node.op_type, "namespace": _namespace(node),
+        nodes.append({"id": nid, "label": node.op_type, "namespace": spaces[nid],
                       "attrs": attrs, "incomingEdges": edges,
                       "inputsMetadata": [{"id": str(i), "attrs": [{"key": "tensor_name", "value": v}]}
                                          for i, v in enumerate(node.input)],
@@ -326,6 +328,48 @@ def onnx_graph_json(path: str | os.PathLike) -> str:
                                              "targetNodeInputId": "0"}]})
     name = Path(path).name
     return json.dumps({"graphCollections": [{"label": name, "graphs": [{"id": g.name or name, "nodes": nodes}]}]})
+
+
+def _namespaces(g: Any, ids: list[str]) -> dict[str, str]:
+    """Each node's namespace. A node tensorprobe's export scoped keeps its scope (`[]`: the root); a node added
+    after the export (a quantizer's DynamicQuantizeLinear, ConvInteger, its rescale Mul) takes the namespace of
+    the node that reads its output, else of the node whose output it reads, so an int8 graph folds into the same
+    modules as its float original."""
+    own = {nid: _namespace(node) for nid, node in zip(ids, g.node)}
+    known = {nid for nid, node in zip(ids, g.node)
+             if any(p.key == "tensorprobe.scope" for p in node.metadata_props) or node.name.startswith("/")}
+    if not known:
+        return own
+    # an added node that reads a module's weight (conv1.weight_quantized, conv1.weight_scale) is that module's
+    weights = {i.name for i in g.initializer}
+    for nid, node in zip(ids, g.node):
+        if nid in known:
+            continue
+        for v in node.input:
+            base = re.sub(r"(_quantized|_scale|_zero_point)$", "", v) if v in weights else ""
+            if "." in base:
+                own[nid] = "/".join(base.rsplit(".", 1)[0].split("."))
+                known.add(nid)
+                break
+    made = {out: nid for nid, node in zip(ids, g.node) for out in node.output}
+    readers: dict[str, list[str]] = {}
+    for nid, node in zip(ids, g.node):
+        for v in node.input:
+            readers.setdefault(v, []).append(nid)
+    for _ in range(8):          # a chain of added nodes takes a few passes
+        changed = False
+        for nid, node in zip(ids, g.node):
+            if nid in known:
+                continue
+            near = [r for out in node.output for r in readers.get(out, ()) if r in known] + \
+                   [made[v] for v in node.input if v in made and made[v] in known]
+            if near:
+                own[nid] = own[near[0]]
+                known.add(nid)
+                changed = True
+        if not changed:
+            break
+    return own
 
 
 def _namespace(node: Any) -> str:
