@@ -75,6 +75,9 @@ def test_graph_stats_match_eager_stats():
     s = stats_from_vector(graph_stats(x), tuple(x.shape), 1)
     e = compute_stats(x)
     assert (s.nan, s.posinf, s.neginf) == (e.nan, e.posinf, e.neginf) == (1, 0, 1)
+    assert s.finite_frac == pytest.approx(e.finite_frac) and s.mean is None   # finite figures: keep="full"
+    x = x.nan_to_num(0.0, 0.0, 0.0)
+    s, e = stats_from_vector(graph_stats(x), tuple(x.shape), 1), compute_stats(x)
     for f in ("min", "max", "mean", "std", "finite_frac"):
         assert getattr(s, f) == pytest.approx(getattr(e, f), rel=1e-6)
 
@@ -212,15 +215,21 @@ def test_crepe_compiled_names_and_match(tmp_path):
 def test_kokoro_decoder_compiled_names_equal_eager_and_diff_matches(tmp_path):
     kokoro = pytest.importorskip("tensorprobe.examples.kokoro")
     model, x = kokoro.decoder(0.1)
+    # the source module draws random noise; aot_eager draws with eager's kernels, so the same seed gives the same
+    # draws (Inductor's generator would not: its draws are recorded too, and diff names them as draws)
+    torch.manual_seed(0)
     eager = tp.capture(model, *x, keep="full", out=tmp_path / "e")
+    torch.manual_seed(0)
     comp = tp.capture(model, *x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "c")
     assert [r.name for r in comp] == [r.name for r in eager]
+    assert comp["generator.m_source/randn_like.0"].kind == "rng"
     assert comp.manifest["capture"]["compile"]["graph_breaks"] == []
     report = tp.diff(eager, comp)
     assert report.verdict == "match", report.first_divergence
     # planted: one of the decoder's instance norms reduces in float16 in the compiled path only
     norm = model.decode[1].norm1.norm
     model.decode[1].norm1.norm = LowPrecisionNorm(norm)
+    torch.manual_seed(0)
     bad = tp.capture(model, *x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "bad")
     report = tp.diff(eager, bad)
     assert report.verdict == "diverged" and report.first_divergence == "decode.1.norm1.norm"
@@ -240,11 +249,12 @@ def test_inductor_capture_and_wrong_decomposition(tmp_path):
     lib.define("rms(Tensor x) -> Tensor")
     lib.impl("rms", lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5), "CompositeExplicitAutograd")
     torch.library.register_fake("tp_test::rms", lambda t: torch.empty_like(t), lib=lib)
-    from torch._inductor.decomposition import decompositions
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
 
     def wrong(t):                                   # the mean of squares in float16: what a bad lowering does
         return t * torch.rsqrt(t.half().pow(2).mean(-1, keepdim=True).float() + 1e-5)
     decompositions[torch.ops.tp_test.rms.default] = wrong
+    fast_random_decomps.cache_clear()               # Inductor's table is a cached copy of `decompositions`
 
     class Rms(torch.nn.Module):
         def forward(self, t):
@@ -258,3 +268,35 @@ def test_inductor_capture_and_wrong_decomposition(tmp_path):
         assert report.verdict == "diverged" and report.first_divergence == "blocks.1.act.1"
     finally:
         decompositions.pop(torch.ops.tp_test.rms.default, None)
+        fast_random_decomps.cache_clear()
+
+
+def test_random_draws_are_recorded_as_eager_names_them(tmp_path):
+    class Source(torch.nn.Module):
+        def forward(self, x):
+            return x + 0.1 * torch.randn_like(x)
+
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.src = Source()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(self.src(x))
+
+    torch.manual_seed(0)
+    model, x = Noisy().eval(), torch.randn(2, 4)
+    eager = tp.capture(model, x, keep="full", out=tmp_path / "e")      # wraps torch.randn_like while it runs
+    comp = tp.capture(model, x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "c")
+    assert comp.manifest["capture"]["compile"]["graph_breaks"] == []   # the eager capture left no wrapper behind
+    assert [r.name for r in comp] == [r.name for r in eager]
+    assert comp["src/randn_like.0"].kind == "rng" and comp["src/randn_like.0"].has_tensor
+    report = tp.diff(eager, comp)     # another draw (the generator moved on): named as a draw, not as the port
+    assert report.first_divergence == "src/randn_like.0"
+    assert "random" in report.summary
+    torch.manual_seed(1)
+    again = tp.capture(model, x, keep="full", out=tmp_path / "e2")
+    torch.manual_seed(1)
+    same = tp.capture(model, x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "c2")
+    assert tp.diff(again, same).verdict == "match"                     # same seed: aot_eager draws eager's numbers

@@ -58,20 +58,19 @@ _STATS_FIELDS = 7   # Σx, Σx², min, max over finite elements; NaN, +Inf, -Inf
 
 def graph_stats(x: torch.Tensor) -> torch.Tensor:
     """The statistics of `x` as one float64 vector, written with torch ops so a compiler fuses them into the
-    kernel that produces `x`: [Σx, Σx², min, max] over the finite elements, then the NaN, +Inf and -Inf counts.
-    float64 accumulation: the figures do not depend on how the compiler splits the reduction.
+    kernel that produces `x`: [Σx, Σx², min, max, NaN count, +Inf count, -Inf count]. Sums accumulate in float64
+    (the figures do not depend on how the compiler splits the reduction); min and max are taken in the value's
+    own dtype. No masks: a finite Σx proves every element finite (the eager kernel's rule), and a value holding
+    NaN/Inf keeps its counts while its finite figures are left unknown (keep="full" gives them).
 
-        >>> graph_stats(torch.tensor([1.0, 2.0, float("nan")])).tolist()
-        [3.0, 5.0, 1.0, 2.0, 1.0, 0.0, 0.0]
+        >>> graph_stats(torch.tensor([1.0, 2.0, 4.0])).tolist()
+        [7.0, 21.0, 1.0, 4.0, 0.0, 0.0, 0.0]
     """
     xd = x.to(torch.float64)
-    fin = torch.isfinite(x)
-    z = torch.where(fin, xd, 0.0)
-    inf = float("inf")
     return torch.stack([
-        z.sum(), (z * z).sum(), torch.where(fin, xd, inf).amin(), torch.where(fin, xd, -inf).amax(),
-        torch.isnan(x).sum().to(torch.float64), (x == inf).sum().to(torch.float64),
-        (x == -inf).sum().to(torch.float64)])
+        xd.sum(), (xd * xd).sum(), x.amin().to(torch.float64), x.amax().to(torch.float64),
+        torch.isnan(x).sum().to(torch.float64), torch.isposinf(x).sum().to(torch.float64),
+        torch.isneginf(x).sum().to(torch.float64)])
 
 
 def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None) -> TensorStats:
@@ -80,8 +79,8 @@ def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None) -
     n = math.prod(shape)
     nan, pinf, ninf = int(nan), int(pinf), int(ninf)
     finite = n - nan - pinf - ninf
-    if finite == 0:
-        return TensorStats(numel=n, nan=nan, posinf=pinf, neginf=ninf, finite_frac=0.0,
+    if finite < n:   # the sums and extremes include the NaN/Inf: only the counts are known
+        return TensorStats(numel=n, nan=nan, posinf=pinf, neginf=ninf, finite_frac=finite / n,
                            **channel_count(shape, channel_dim))
     mean = s / finite
     var = max(ss / finite - mean * mean, 0.0)
@@ -101,6 +100,7 @@ class _Entry:
     full: bool   # returned whole (keep="full", or a dtype the in-graph statistics do not cover)
     kind: str = KIND_OUTPUT
     tags: tuple[str, ...] = ()
+    index: int = -1   # its place among the plan's entries (= among the extra outputs)
 
 
 @dataclass
@@ -111,6 +111,15 @@ class GraphPlan:
     entries: list[_Entry] = field(default_factory=list)
     outputs: int = 0
     nodes: int = 0
+    # (entry index, name) in record order: a value that ends several calls (a child's output its parent returns
+    # as is) is one extra output but several records, each at its call's place, as forward hooks make them
+    order: list[tuple[int, tuple[str, str, int, str, tuple[str, ...]]]] = field(default_factory=list)
+
+    def add(self, entry: _Entry, name: tuple) -> None:
+        entry.names.append(name)
+        if entry.index < 0:
+            entry.index = self.entries.index(entry)
+        self.order.append((entry.index, name))
 
 
 def _meta_value(node) -> Any:
@@ -158,7 +167,12 @@ def plan_module_level(gm, placeholder_names: dict[str, str], calls: dict[str, in
     plan = GraphPlan(index=index, nodes=len(gm.graph.nodes))
     produced: dict[Any, str] = dict(placeholder_names_for(gm, placeholder_names))
     by_node: dict[Any, _Entry] = {}
-    for mark in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _MARK_TARGETS]:
+    paths = {}
+    for mark in [n for n in gm.graph.nodes if n.op == "call_function" and (n.target in _MARK_TARGETS
+                                                                           or _draw_name(n) is not None)]:
+        if mark.target not in _MARK_TARGETS:   # a random draw: recorded whole (kind rng), named as eager names it
+            _plan_draw(mark, plan, calls, paths, produced)
+            continue
         outs, ins, path, cls = mark.args
         call = calls.get(path, -1) + 1
         calls[path] = call
@@ -171,12 +185,52 @@ def plan_module_level(gm, placeholder_names: dict[str, str], calls: dict[str, in
                 if entry is None:
                     entry = by_node[n] = _new_entry(n, keep_full)
                     plan.entries.append(entry)
-                entry.names.append((name, path, call, f"module:{cls}", inputs))
+                plan.add(entry, (name, path, call, f"module:{cls}", inputs))
             produced[n] = name   # the outermost call's name, as eager's producer map ends up holding
         gm.graph.erase_node(mark)
     gm.graph.lint()
     gm.recompile()
     return plan
+
+
+# Functions of a dynamo graph that draw random numbers (eager capture records them through `_RNG_ENTRY_POINTS`).
+_DRAWS = ("rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
+          "multinomial", "poisson")
+
+
+def _draw_name(n) -> str | None:
+    if n.op != "call_function":
+        return None
+    name = getattr(n.target, "__name__", None)
+    return name if name in _DRAWS and getattr(n.target, "__module__", "") in ("torch", "torch._C._VariableFunctions",
+                                                                                None) else None
+
+
+def _plan_draw(n, plan: GraphPlan, calls: dict[str, int], paths: dict, produced: dict) -> None:
+    """A random draw of the compiled graph, named `<module>[@call]/<op>.<k>` like eager's record of it; its values
+    are the compiled run's own (nothing replays them), which `diff` judges as draws that differ."""
+    stack = n.meta.get("nn_module_stack") or {}
+    module = ""
+    if stack:
+        ident = str(list(stack)[-1]).partition("@")[0]
+        value = list(stack.values())[-1]
+        module = plan_paths.get(ident) or _normalise_qualname(value[0] if isinstance(value, tuple) else str(value))
+    call = calls.get(module, -1) + 1 if module else 0
+    base = _draw_name(n)
+    key = (module, call, base)
+    k = paths.get(key, 0)
+    paths[key] = k + 1
+    if not _is_tensor_meta(_meta_value(n)):
+        return
+    op = f"aten.{base}.default"
+    entry = _new_entry(n, True)
+    entry.kind = KIND_RNG
+    plan.entries.append(entry)
+    plan.add(entry, (record_name(module, call, op, k), module, call, op, ()))
+    produced[n] = entry.names[0][0]
+
+
+plan_paths: dict[str, str] = {}   # module identity -> path of the model being captured (set by CompiledRun)
 
 
 def remove_marks(gm) -> None:
@@ -263,13 +317,13 @@ def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], 
             if not wanted(name):
                 continue
             entry = _new_entry(node, keep_full)
-            entry.names.append((name, module, call, op, inputs))
             if base in RNG_OPS:
                 entry.kind = KIND_RNG
                 entry.full = True
             if str(op).startswith("quantized::"):
                 entry.tags = (TAG_QUANTIZED,)
             plan.entries.append(entry)
+            plan.add(entry, (name, module, call, op, inputs))
             produced[node] = name
         if len(outs) == 1 and outs[0][1] is n:
             pass
@@ -370,6 +424,8 @@ class CompiledRun:
         self.keep_full = keep_full
         self.wanted = wanted
         self.paths = {str(id(m)): p for p, m in model.named_modules()}
+        plan_paths.clear()
+        plan_paths.update(self.paths)
         self.placeholder_names = placeholder_names
         self.on_graph_run = on_graph_run
         self.plans: list[GraphPlan] = []
@@ -439,22 +495,24 @@ class CompiledRun:
 
 def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | None) -> None:
     """Turn one compiled graph run's extra outputs into records (`capture._Recorder` stores them)."""
-    for entry, value in zip(plan.entries, extra):
-        for name, module, call, op, inputs in entry.names:
-            tags = entry.tags if entry.full else entry.tags + (TAG_COMPILED,)
-            if entry.full:
-                recorder.record(value, name=name, module=module, op=op, kind=entry.kind, call=call,
-                                inputs=inputs, tags=tags)
-                continue
-            rec = Record(name=name, module=module, op=op, order=recorder.order, shape=entry.shape,
-                         dtype=dtype_name(_meta_value(entry.node).dtype),
-                         stats=stats_from_vector(value, entry.shape, channel_dim), kind=entry.kind, call=call,
-                         device=str(value.device), inputs=inputs, tags=tags)
-            if recorder.wanted(name, entry.kind):
-                recorder.writer.add(rec, None)
-                recorder.order += 1
-                if recorder.on_record is not None:
-                    recorder.on_record(rec)
+    stats: dict[int, TensorStats] = {}
+    for i, (name, module, call, op, inputs) in plan.order:
+        entry, value = plan.entries[i], extra[i]
+        if entry.full:
+            recorder.record(value, name=name, module=module, op=op, kind=entry.kind, call=call, inputs=inputs,
+                            tags=entry.tags)
+            continue
+        if not recorder.wanted(name, entry.kind):
+            continue
+        if i not in stats:
+            stats[i] = stats_from_vector(value, entry.shape, channel_dim)
+        rec = Record(name=name, module=module, op=op, order=recorder.order, shape=entry.shape,
+                     dtype=dtype_name(_meta_value(entry.node).dtype), stats=stats[i], kind=entry.kind, call=call,
+                     device=str(value.device), inputs=inputs, tags=entry.tags + (TAG_COMPILED,))
+        recorder.writer.add(rec, None)
+        recorder.order += 1
+        if recorder.on_record is not None:
+            recorder.on_record(rec)
 
 
 __all__ = ["CompiledRun", "GraphPlan", "OP_LEVEL_BACKENDS", "TAG_COMPILED", "compile_failure", "graph_stats",
@@ -533,6 +591,9 @@ def _capture_class():
                 handles = [m.register_forward_hook(mark_hook(p, type(m).__name__))
                            for p, m in self.model.named_modules() if p]
             torch._dynamo.reset()   # our backend must see the graphs: a cached compile from another would be reused
+            # dynamo's table of torch functions is built once; built while an eager capture had wrapped torch.randn
+            # & co. (its random-draw entry points) it would hold the wrappers, and every draw would break the graph
+            torch._dynamo.trace_rules.clear_lru_cache()
             before = dict(counters.get("graph_break", {}))
             compiled = torch.compile(self.model, backend=backend, dynamic=False)
             t0 = time.perf_counter()
