@@ -277,3 +277,60 @@ def test_model_explorer_draws_the_overlay_on_the_node(crepe_ports, tmp_path):
     # and a node of the graph pane (left of the side panel) is drawn in the first divergence's colour (#b71c1c)
     img = (matplotlib.image.imread(tmp_path / "me.png")[..., :3] * 255).round().astype(int)
     assert np.all(img[:, :1200] == (183, 28, 28), axis=-1).sum() > 20
+
+
+# ---- a sweep: the share of items first diverging at each node -------------------------------------------------------
+SWEEP_FILE = '''
+import torch
+from tensorprobe.sweep import Sweep
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Conv1d(4, 8, 3, padding=1)
+        self.b = torch.nn.Conv1d(8, 1, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+def plain():
+    g = torch.Generator().manual_seed(1)
+    return Sweep(Net().eval(), {f"item{i:02d}": (torch.randn(1, 4, 200, generator=g) * (0.5 + i / 8),)
+                                for i in range(6)})
+'''
+
+
+def test_sweep_overlay_gives_each_node_its_share_of_first_divergences(tmp_path):
+    """A small conv net swept over 6 items against an ONNX port whose conv `a` kernel is reversed in time (legacy
+    exporter: another naming than the dynamo exports above): every item first diverges at `a`, so the node that
+    makes the candidate's record of `a` carries 100%, and no other node is marked."""
+    import importlib.util
+
+    from tensorprobe.report.explorer import sweep_node_data
+
+    (tmp_path / "net_sweep.py").write_text(SWEEP_FILE)
+    spec = importlib.util.spec_from_file_location("net_sweep_mod", tmp_path / "net_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    port = mod.Net().eval()
+    with torch.no_grad():
+        port.a.weight.copy_(port.a.weight.flip(-1))
+    bad = tmp_path / "net_flipped.onnx"
+    torch.onnx.export(port, (torch.zeros(1, 4, 200),), str(bad), dynamo=False, input_names=["x"], output_names=["y"])
+    out = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", f"{tmp_path / 'net_sweep.py'}:plain", "-o",
+                        str(out), "--cand", str(bad), "-j", "1", "--model-explorer", str(tmp_path / "me"), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["sweep"]["first_divergence"] == [{"layer": "a", "items": 6}]
+    data = json.loads((tmp_path / "me" / "sweep_first_divergence.json").read_text())["results"]
+    # the node that makes the candidate's record of `a`, read from a capture of the file of our own
+    cand = get_runtime("onnxruntime").capture_artifact(str(bad), {"x": np.zeros((1, 4, 200), np.float32)},
+                                                       tmp_path / "cand")
+    value = cand.get("a").runtime_name
+    node = next(n.name for n in onnx.load(str(bad)).graph.node if value in n.output)
+    assert data == {node: {"value": 100.0, "bgColor": "#b71c1c", "textColor": "#ffffff"}}
+    labels = sweep_node_data(out)["sweep_labels"]["results"]
+    assert labels[node]["value"] == "first divergence in 6 of 6 items"

@@ -40,6 +40,9 @@ def sweep_cmd(
                                        "distribution of the passing ones."),
     capture_all: bool = typer.Option(False, "--capture-all", help="Capture and diff every item (no plain run "
                                      "first): slower, a statistics-only bundle only where there is a finding."),
+    model_explorer: Optional[Path] = typer.Option(None, "--model-explorer", metavar="OUT_DIR",
+                                                  help="Also write a Model Explorer overlay: per node of the "
+                                                       "candidate's ONNX graph, the share of items first diverging there."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run every item of SWEEP_TARGET through reference and candidate, write one JSON line per item to
@@ -57,12 +60,20 @@ def sweep_cmd(
             summary = sweep(target, out, runtime=runtime, cand=cand, workers=workers, engine=engine, address=address,
                             options=options, limit=limit, replay_rng=replay_rng, sample_passing=sample_passing,
                             capture_all=capture_all, on_item=on_item)
+        overlays = None
+        if model_explorer is not None and summary.first_divergence:
+            from ..report.explorer import sweep_node_data, write_node_data
+            overlays = write_node_data(sweep_node_data(out), model_explorer)
     except TensorprobeError as e:
         fail(str(e))
     if json_out:
-        emit_json("sweep", "finding" if summary.finding else "ok", {"sweep": summary.to_dict(), "out": str(out)})
+        emit_json("sweep", "finding" if summary.finding else "ok", {
+            "sweep": summary.to_dict(), "out": str(out),
+            "model_explorer": {k: str(v) for k, v in overlays.items()} if overlays else None})
     else:
         render_sweep(console, summary, out)
+        if overlays:
+            console.print(f"Model Explorer overlays: {', '.join(str(p) for p in overlays.values())}")
     raise typer.Exit(EXIT_FINDING if summary.finding else EXIT_OK)
 
 

@@ -396,3 +396,53 @@ def _attr_text(a: Any) -> str:
     text = str(v)
     return text if len(text) <= 200 else text[:200] + "…"
 
+
+
+# ---- a sweep: where items first diverge ----------------------------------------------------------------------
+def sweep_node_data(results: str | os.PathLike, *, graph: str | os.PathLike | None = None) -> dict[str, dict[str, Any]]:
+    """The `sweep` overlay of a RESULTS directory: per node, the share of the sweep's compared items whose
+    first divergence it is (value: percent; label in the side panel: `first divergence in 12 of 12 items`).
+
+    Item records name their first divergence by its reference record name; a kept item's own bundles (a
+    sweep keeps the items with a finding) say which candidate record, and so which graph node, that is.
+    Raises InputError when no item with a first divergence kept its bundles."""
+    from collections import Counter
+
+    from ..sweep import ResultStore
+
+    items = [r for r in ResultStore(results).read().values() if r.get("status") == "done"]
+    firsts = Counter(r["first_divergence"] for r in items if r.get("first_divergence"))
+    keys: dict[str, str] = {}
+    index: GraphIndex | None = GraphIndex(None, {}) if graph is None else graph_index(graph)
+    for r in items:
+        if not r.get("bundle") or not r.get("first_divergence") or r["first_divergence"] in keys:
+            continue
+        kept = Path(r["bundle"])
+        cand_dirs = [m.parent for m in kept.glob("*/manifest.json") if m.parent.name != "ref"]
+        if not (kept / "ref").is_dir() or len(cand_dirs) != 1:
+            continue
+        from ..diff import diff
+
+        cand = Bundle.open(cand_dirs[0])
+        if graph is None and not index.producer:
+            index = graph_index(candidate_graph(cand))
+        report = diff(kept / "ref", cand)
+        for p in report.pairs:
+            if p.name in firsts and p.name not in keys:
+                rec = cand.get(p.cand_name)
+                keys[p.name] = index.key((rec.runtime_name if rec is not None else None) or p.cand_name)
+    if firsts and not keys:
+        raise InputError(f"{results}: no item with a first divergence kept its bundles; the overlay needs one")
+    shares: dict[str, int] = Counter()
+    for name, n in firsts.items():
+        if name in keys:
+            shares[keys[name]] += n
+    done = len(items)
+    results_: dict[str, dict[str, Any]] = {}
+    for key, n in shares.items():
+        results_[key] = {"value": round(100.0 * n / done, 3), **_bg("first_divergence" if n == max(shares.values())
+                                                                   else "fail")}
+    labels = {k: {"value": f"first divergence in {n} of {done} items", **_bg("first_divergence")}
+              for k, n in shares.items()}
+    return {"sweep_first_divergence": _overlay("tensorprobe: % of items first diverging here", results_),
+            "sweep_labels": _overlay("tensorprobe: sweep first divergence", labels)}
