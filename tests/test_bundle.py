@@ -61,6 +61,7 @@ def test_killed_capture_recovered_from_journal(tmp_path):
         w.add(_rec(f"r{i}", t, i), t)
     w.flush()  # the records are journaled...
     w._shard_writer.finish()  # ...the shards reached the disk, and the process "dies" here: no close()
+    w._lock.release(remove=False)   # as the kernel does for a process that dies
     b = Bundle.open(tmp_path / "k")
     assert not b.complete and "did not finish" in b.error["message"]
     assert [r.name for r in b] == ["r0", "r1", "r2"]
@@ -370,6 +371,7 @@ def test_long_capture_journals_and_a_kill_keeps_header_and_records(tmp_path, mon
         t = torch.full((4,), float(i))
         w.add(_rec(f"r{i}", t, i), t)   # each tensor fills a shard: each is journaled with its records
     w._shard_writer.finish()            # the shards reached the disk, and the process "dies" here
+    w._lock.release(remove=False)       # as the kernel does for a process that dies
     b = Bundle.open(tmp_path / "k")
     assert not b.complete and b.manifest["model"] == {"name": "killed-model"}
     assert [r.name for r in b] == ["r0", "r1", "r2"] and float(b.tensor("r2")[0]) == 2.0

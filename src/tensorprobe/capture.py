@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .bundle import Bundle
+from .bundle.lock import refuse_if_locked
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import BundleError, InputError
@@ -310,7 +311,13 @@ class Capture:
     # ---- context manager ------------------------------------------------------------------------------
     def __enter__(self) -> "Capture":
         self._open_writer(inputs=None)
-        self._install()
+        try:
+            self._install()
+        except BaseException as e:   # recording the weights hit a full disk: the bundle still says why it stopped
+            self._uninstall()
+            assert self._writer is not None
+            self._writer.close(error=e)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -583,6 +590,7 @@ def check_output_dir(path: str | os.PathLike) -> None:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise BundleError(f"{p}: exists and is not a directory; choose another output directory")
+    refuse_if_locked(p)   # another live capture writes there: refused before the model loads
     parent = p
     while not parent.exists():
         parent = parent.parent

@@ -5,6 +5,8 @@
         tensors-00000.safetensors  tensor data (keep="full"), in shards of at most `shard_bytes`
         tensors-00001.safetensors
         records.jsonl              journal, present only while a capture is running
+        .tensorprobe.lock          the writer's flock (one live capture per directory), and the reason a
+                                   capture stopped when a full disk left no room for the manifest
 
 `BundleWriter` streams: tensors are buffered up to one shard and flushed, so peak memory does not grow
 with the number of captured tensors. Each record is appended to the journal as it is made; if the process
@@ -19,6 +21,7 @@ statistics on load. Reading needs NumPy and safetensors only: `Bundle.numpy(name
 - `format`  the layout's constants, atomic writes, safetensors headers
 - `reader`  `Bundle`: open, validate, read (NumPy; torch on request)
 - `writer`  `BundleWriter`: stream records and tensors from a capture (torch)
+- `lock`    `WriterLock`: one live writer per directory; a crashed one never leaves it stuck
 
     >>> b = Bundle.open("my_capture")                         # doctest: +SKIP
     >>> [r.name for r in b if not r.stats.all_finite][:1]     # doctest: +SKIP

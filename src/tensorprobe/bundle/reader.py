@@ -20,6 +20,7 @@ from ..record import KIND_OUTPUT, OP_UNKNOWN, Record
 from ..stats import compute_stats
 from .format import (DTYPE_NAMES, NUMPY_DTYPES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE, STATUS_INCOMPLETE,
                      STATUS_RUNNING, read_safetensors_header)
+from .lock import LOCK, holder
 
 
 class Bundle:
@@ -76,6 +77,9 @@ class Bundle:
         if self.complete:
             return None
         last, err = self.stops_at, self.error or {}
+        if err.get("type") == "Running":   # read while a live capture writes it (see bundle.lock)
+            so_far = f"{len(self.records)} records so far" + (f", the last {last.name}" if last is not None else "")
+            return f"its capture is still running ({err.get('message')}; {so_far})"
         why = f"{err.get('type', 'Interrupted')}: {err.get('message', 'the capture did not finish')}"
         where = f"after record {last.order}, {last.name}" if last is not None else "before its first record"
         return f"its capture stopped {where} ({why})"
@@ -238,7 +242,7 @@ def _check_shard_path(root: Path, shard: str) -> None:
 def _read_manifest(root: Path) -> dict[str, Any]:
     mpath = root / MANIFEST
     if not mpath.exists():
-        if (root / JOURNAL).exists():
+        if (root / JOURNAL).exists() or (root / LOCK).exists():
             return {"format": FORMAT, "format_version": FORMAT_VERSION, "status": STATUS_RUNNING, "records": []}
         raise BundleError(f"{root}: not a tensorprobe bundle ({MANIFEST} is missing)")
     try:
@@ -257,16 +261,30 @@ def _open_dir(root: Path) -> Bundle:
     manifest = _read_manifest(root)
     raw_records = manifest.get("records", [])
     if manifest.get("status") == STATUS_RUNNING:
-        raw_records = _read_journal(root)
-        manifest = {**manifest, "status": STATUS_INCOMPLETE,
-                    "error": {"type": "Interrupted", "message": "capture did not finish (the process was "
-                              "killed); records up to the last flushed shard are kept"}}
+        raw_records = _read_journal(root) if (root / JOURNAL).exists() else []
+        manifest = {**manifest, "status": STATUS_INCOMPLETE, "error": _unfinished_reason(root)}
     try:
         records = [Record.from_dict(d) for d in raw_records]
     except (KeyError, TypeError, ValueError) as e:
         raise BundleError(f"{root / MANIFEST}: malformed record ({e})") from None
     records = _validate_shards(root, records, manifest)
     return Bundle(root, manifest, records, _TensorSource(root))
+
+
+def _unfinished_reason(root: Path) -> dict[str, Any]:
+    """Why a bundle whose manifest still says "running" is not finished: the error its writer recorded in the
+    lock file when the manifest could not be written (a full disk), a writer that is still alive, or, when
+    neither, a process that ended without closing it."""
+    h = holder(root) or {}
+    err = h.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return {"type": str(err.get("type") or "Error"), "message": str(err["message"]),
+                "traceback": str(err.get("traceback") or "")}
+    if h.get("live"):
+        who = f" (pid {h['pid']})" if h.get("pid") else ""
+        return {"type": "Running", "message": f"a capture{who} is still writing it; the records so far are shown"}
+    return {"type": "Interrupted", "message": "capture did not finish (the process was killed); records up to "
+                                              "the last flushed shard are kept"}
 
 
 def _validate_shards(root: Path, records: list[Record], manifest: dict) -> list[Record]:
@@ -298,7 +316,7 @@ def _validate_shards(root: Path, records: list[Record], manifest: dict) -> list[
 
 def _read_journal(root: Path) -> list[dict]:
     out = []
-    with open(root / JOURNAL, encoding="utf-8") as f:
+    with open(root / JOURNAL, encoding="utf-8", errors="replace") as f:   # a crash can cut a character short
         for line in f:
             try:
                 out.append(json.loads(line))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -24,6 +25,7 @@ from ..errors import BundleError
 from ..record import Record, dtype_name
 from .format import (DEFAULT_SHARD_BYTES, FORMAT, FORMAT_VERSION, JOURNAL, MANIFEST, STATUS_COMPLETE,
                      STATUS_INCOMPLETE, STATUS_RUNNING, atomic_write_bytes, safetensors_header)
+from .lock import LOCK, WriterLock
 from .reader import Bundle, _TensorSource
 
 _JOURNAL_BATCH = 256  # records journaled together (a crash loses at most the records since the last batch)
@@ -64,7 +66,9 @@ class BundleWriter:
 
     Args:
         path: bundle directory. An existing bundle there is replaced; any other non-empty directory
-            is refused, so a typo never wipes unrelated files.
+            is refused, so a typo never wipes unrelated files, and so is a directory that another live
+            capture is writing (`BundleError`; the writer holds a flock on `.tensorprobe.lock` there, which
+            the kernel drops when its process ends, so a killed capture does not leave it stuck).
         model, runtime, capture: free-form descriptions stored in the manifest.
         inputs: the model inputs (name -> tensor); their shapes, dtypes and SHA-256 are stored.
         shard_bytes: tensor data buffered before a shard is written.
@@ -108,7 +112,12 @@ class BundleWriter:
         # The journal marks the directory as a bundle being written; the provisional manifest (header and
         # status "running") is written with the first journaled records, so a capture that closes before
         # writes its manifest once.
-        self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
+        try:
+            self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
+        except BaseException:
+            self._shard_writer.finish()
+            self._lock.release(remove=True)
+            raise
         self._opened = time.monotonic()
         self._shards_journaled = 0       # shards whose records are in the journal
 
@@ -117,11 +126,23 @@ class BundleWriter:
         if p.exists() and not p.is_dir():
             raise BundleError(f"{p}: exists and is not a directory")
         if p.is_dir() and any(p.iterdir()):
-            if not ((p / MANIFEST).exists() or (p / JOURNAL).exists()):
+            if not ((p / MANIFEST).exists() or (p / JOURNAL).exists() or (p / LOCK).exists()):
                 raise BundleError(f"{p}: directory is not empty and is not a tensorprobe bundle; "
                                   "choose another output directory")
-            shutil.rmtree(p)
         p.mkdir(parents=True, exist_ok=True)
+        # The lock first: a directory that a live capture writes is refused before anything in it is touched.
+        self._lock = WriterLock.acquire(p)
+        try:
+            for entry in p.iterdir():   # the bundle being replaced, less the lock we hold
+                if entry.name == LOCK:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        except BaseException:
+            self._lock.release(remove=False)
+            raise
 
     def __len__(self) -> int:
         return len(self._lines)
@@ -223,11 +244,24 @@ class BundleWriter:
             self._pending_bytes = 0
 
     def close(self, error: BaseException | None = None) -> None:
-        """Finish the bundle; with `error`, mark it incomplete and record the exception."""
+        """Finish the bundle; with `error`, mark it incomplete and record the exception.
+
+        The manifest records why a capture stopped. When the disk is full, the half-written shard is removed
+        to make room for it; if the manifest still can't be written, the error goes into the lock file's
+        reserved bytes, where `Bundle.open` finds it. Raises `BundleError` when the bundle could not be
+        written whole and `error` is None (given an `error`, that first error is what the caller sees).
+        """
         if self._closed:
             return
-        self._submit_shard()  # the records go to the manifest: journaling them now would be a second write
-        self._journal.close()
+        given = error
+        try:
+            self._submit_shard()  # the records go to the manifest: journaling them now would be a second write
+        except BundleError as e:   # the shard writer failed earlier: its error is the one recorded below
+            error = error or e
+        try:
+            self._journal.close()
+        except OSError as e:   # its buffered tail could not be written (disk full)
+            error = error or e
         self._closed = True
         write_error = self._shard_writer.finish()
         if self._staging is not None:
@@ -235,13 +269,36 @@ class BundleWriter:
         self._staging = None
         self._write_failed = write_error is not None
         if write_error is not None and error is None:
-            error = write_error
+            error = BundleError(f"{self.path}: writing a tensor shard failed: {write_error}")
         err = None
         if error is not None:
             err = {"type": type(error).__name__, "message": str(error),
                    "traceback": "".join(traceback.format_exception(error))[-8000:]}
-        self._write_manifest(STATUS_INCOMPLETE if error else STATUS_COMPLETE, err)
+        try:
+            try:
+                self._write_manifest(STATUS_INCOMPLETE if error else STATUS_COMPLETE, err)
+            except OSError:
+                _remove_partial_files(self.path)   # a shard cut short by a full disk: its space, for the manifest
+                self._write_manifest(STATUS_INCOMPLETE if error else STATUS_COMPLETE, err)
+        except OSError as e:
+            # The journal and the provisional manifest stay; the reason goes where no new space is needed.
+            self._write_failed = True
+            if err is None:
+                err = {"type": type(e).__name__, "message": f"the bundle could not be finished: {e}",
+                       "traceback": "".join(traceback.format_exception(e))[-8000:]}
+            self._lock.record_stop(err)
+            self._lock.release(remove=False)
+            if given is None:
+                if isinstance(error, BundleError):
+                    raise error
+                raise BundleError(f"{self.path}: the bundle could not be finished: {e}") from None
+            return
         (self.path / JOURNAL).unlink(missing_ok=True)
+        self._lock.release(remove=True)
+        if error is not None and given is None:
+            # The forward went through but the bundle did not (a shard or the journal could not be written):
+            # the caller must not take the capture for a success. The manifest says the same.
+            raise error if isinstance(error, BundleError) else BundleError(f"{self.path}: {error}")
 
     def bundle(self) -> "Bundle":
         """The closed bundle, built from what was written rather than by reading the manifest back
@@ -273,6 +330,14 @@ class BundleWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(error=exc)
+
+
+def _remove_partial_files(root: Path) -> None:
+    """Delete the temporary files a failed write leaves in a bundle (`.tensors-*.safetensors.tmp`,
+    `.manifest.json.tmp-PID`): nothing reads them, and on a full disk their space is what the manifest needs."""
+    for p in root.glob(".*.tmp*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
 
 
 def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
@@ -323,6 +388,8 @@ class _ShardWriter:
                     os.replace(tmp, path)
                 except Exception as e:  # disk full, permissions: reported by finish()
                     self._error = e
+                    with contextlib.suppress(OSError):   # what it holds of the shard is unreadable; free it
+                        tmp.unlink(missing_ok=True)
             if isinstance(tensors, _StagedShard) and self._release is not None:
                 self._release(tensors.buffer, tensors.capacity)
             del tensors, item

@@ -101,6 +101,10 @@ class SweepSummary:
                 + (f", {self.failed} failed to run" if self.failed else "") + ".")
         if self.finding:
             text += " " + self.why_sentence()
+        if self.errors:   # why an item did not run (a full disk: the OS message), not only how many
+            first = self.errors[0]
+            more = f"; {len(self.errors) - 1} more in errors" if len(self.errors) > 1 else ""
+            text += f" {first['item']} failed to run: {first.get('error') or 'no error recorded'}{more}."
         text += "".join(" " + sentence for sentence in self.nonfinite_sentences())
         if self.random_draws:
             n = self.random_draws
