@@ -236,7 +236,7 @@ def test_kokoro_decoder_compiled_names_equal_eager_and_diff_matches(tmp_path):
 
 
 @pytest.mark.slow
-def test_inductor_capture_and_wrong_decomposition(tmp_path):
+def test_inductor_capture_and_wrong_decomposition(tmp_path, monkeypatch):
     """Inductor itself (C++ codegen): names and values as eager's within noise; a decomposition registered for
     Inductor only that reduces in float16 is found at its module."""
     model, x = _net()
@@ -245,14 +245,20 @@ def test_inductor_capture_and_wrong_decomposition(tmp_path):
     assert [r.name for r in comp] == [r.name for r in eager]
     assert tp.diff(eager, comp).verdict == "match"
 
+    # Inductor's persistent caches key a compiled graph by the traced graph, not by the decomposition table: a
+    # graph compiled before the wrong decomposition was registered would be served again
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     lib = torch.library.Library("tp_test", "FRAGMENT")
     lib.define("rms(Tensor x) -> Tensor")
     lib.impl("rms", lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5), "CompositeExplicitAutograd")
     torch.library.register_fake("tp_test::rms", lambda t: torch.empty_like(t), lib=lib)
     from torch._inductor.decomposition import decompositions, fast_random_decomps
 
-    def wrong(t):                                   # the mean of squares in float16: what a bad lowering does
-        return t * torch.rsqrt(t.half().pow(2).mean(-1, keepdim=True).float() + 1e-5)
+    def wrong(t):   # divides the sum of squares by n - 1: the biased/unbiased mix-up of a hand-written lowering
+        # (a float16 mean here would not do: Inductor computes a half-precision chain in float32 unless
+        # emulate_precision_casts is set, so that plant vanishes on the compile path itself)
+        return t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) / (t.shape[-1] - 1) + 1e-5)
     decompositions[torch.ops.tp_test.rms.default] = wrong
     fast_random_decomps.cache_clear()               # Inductor's table is a cached copy of `decompositions`
 
@@ -300,3 +306,32 @@ def test_random_draws_are_recorded_as_eager_names_them(tmp_path):
     torch.manual_seed(1)
     same = tp.capture(model, x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "c2")
     assert tp.diff(again, same).verdict == "match"                     # same seed: aot_eager draws eager's numbers
+
+
+def test_a_value_changed_in_place_after_its_module_is_recorded_as_returned(tmp_path):
+    """Kokoro's generator does `xs = block0(x); xs += block1(x)`: block0's record is what it returned."""
+    class Accumulate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            xs = self.a(x)
+            xs += self.b(x)
+            noise = torch.rand(2, 4)
+            noise[:, 0] = 0
+            return xs + noise
+
+    torch.manual_seed(0)
+    model, x = Accumulate().eval(), torch.randn(2, 4)
+    for keep in ("full", "stats"):
+        torch.manual_seed(1)
+        eager = tp.capture(model, x, keep=keep, out=tmp_path / f"e{keep}")
+        torch.manual_seed(1)
+        comp = tp.capture(model, x, keep=keep, compile=True, backend="aot_eager", out=tmp_path / f"c{keep}")
+        assert comp["a"].stats.mean == pytest.approx(eager["a"].stats.mean, rel=1e-6)
+        assert tp.diff(eager, comp).verdict in ("match", "consistent")
+    full = tp.capture(model, x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "again")
+    with torch.no_grad():
+        assert torch.equal(full.tensor("a"), model.a(x))
