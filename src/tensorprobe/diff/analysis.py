@@ -117,8 +117,17 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                         environment_notes=tuple(environment_notes), incomplete=tuple(incomplete),
                         rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.cause == CAUSE_RANDOM),
                         reduced_precision=reduced, levels=levels, renames=renames and renames.sentence,
-                        suggested_rules=renames.rules if renames else ())
+                        suggested_rules=renames.rules if renames else (),
+                        model_class=_model_class(ref_bundle),
+                        first_source=next((x.source for x in ref_records if first is not None and x.name == first.name),
+                                          None))
     return replace(report, summary=summarize(report))
+
+
+def _model_class(bundle: Any) -> str | None:
+    """The class of the model a bundle was captured from (its top-level module), if the bundle says."""
+    model = (getattr(bundle, "manifest", None) or {}).get("model") or {}
+    return (model.get("module_types") or {}).get("") or model.get("class") or None
 
 
 def level_mismatch(ref_bundle: Any, cand_bundle: Any, forward: Sequence[PairResult], ref_only: Sequence[str],

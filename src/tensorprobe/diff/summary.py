@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label
+from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label, op_place
 from .evidence import CAND_ONLY, NOT_COMPARED, UNPAIRED, made_in
 from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
@@ -149,6 +149,8 @@ def summarize(r: DiffReport) -> str:
 
 
 def _match_words(r: DiffReport) -> str:
+    if r.judged_by_int8_outputs:
+        return _int8_match_words(r)
     rule = "within rounding noise" if r.criteria.noise else "within the criteria"
     worst = r.get(r.worst)
     tail = ""
@@ -160,6 +162,18 @@ def _match_words(r: DiffReport) -> str:
     caveat = (f" {stats:,} records compared by statistics only show no difference: not proven (--keep full compares "
               "their values)." if stats else "")
     return f"Match: every compared record agrees {rule}{tail}.{caveat}" + _precision_words(r)
+
+
+def _int8_match_words(r: DiffReport) -> str:
+    """A quantized port judged by its outputs: what its records carry and what its outputs show, with figures."""
+    failing = [p for p in r.pairs if p.failed]
+    first = next((p for p in failing if p.cause == CAUSE_QUANTIZED), failing[0] if failing else None)
+    outs = [o for o in (r.get(n) for n in (r.outputs or (r.output,))) if o is not None]
+    shown = "; ".join(f"{o.name}: {fmt_err(o)}" for o in outs[:3])
+    carry = (f"{len(failing):,} of {len(r.pairs):,} records carry int8's quantization error beyond float rounding "
+             f"(the first, {first.name}, is computed with quantized arithmetic), by design; " if first else "")
+    return (f"Match by its outputs, as a quantized port: {carry}every model output meets the output criterion of a "
+            f"quantized port (SNR >= {OUTPUT_MIN_SNR:g} dB, correlation >= {OUTPUT_MIN_CORR:g}): {shown}.")
 
 
 def _precision_words(r: DiffReport) -> str:
@@ -200,8 +214,11 @@ def _divergence_words(r: DiffReport) -> str:
     if first is None:
         return "Diverged: the weights differ, but every forward record compared agrees."
     why = "; ".join(first.reasons)
+    where = (f"{first.op} in {op_place('', r.model_class, r.first_source)}"   # the root's own code, not the loss
+             if not first.module and first.op and not first.op.startswith("module:") and "/" in first.name
+             else f"{module_label(first.module)}, {first.op}")
     text = (f"Diverged: {c['failed']:,} of {c['pairs']:,} records fail; first divergence at {first.name} "
-            f"({module_label(first.module)}, {first.op}): {why}.")
+            f"({where}): {why}.")
     text += _cause_words(r, first)
     amp = r.strongest_amplifier
     if amp is not None and amp.name != first.name:
@@ -243,7 +260,7 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
     if p.cause == CAUSE_OWN and p.explanation:     # NaN/Inf born here, with its diagnosis
         return f" {_sentence(p.explanation)}"
     if p.cause == CAUSE_OWN and (p.uncompared_inputs or made_in(p.tags, p.module) is not None):
-        return _uncompared_words(p)
+        return _uncompared_words(p, r)
     if p.cause == CAUSE_OWN and p.method != METHOD_STATS:
         if p.input_rel_err:
             return (f" The error is its own: its inputs differ by at most {p.input_rel_err:.2g}, which its op "
@@ -265,17 +282,22 @@ def _weight_cause_words(r: DiffReport, p: PairResult) -> str:
     what = f"{'buffer' if w is not None and w.kind == KIND_BUFFER else 'weight'} {p.origin}"
     code = made_in(p.tags, p.module)
     if code is not None and w is not None and w.module == code and w.module != p.module:
-        return f" Its input is made by {module_label(code)}'s own code, which reads {what}, which differs."
+        return f" Its input is made by {_own_code(code, r)}, which reads {what}, which differs."
     return f" It reads {what}, which differs."
 
 
-def _uncompared_words(p: PairResult) -> str:
+def _own_code(module: str, r: DiffReport | None) -> str:
+    """'enc's own code', or the root's: "the model's own forward (Vocoder.forward)"."""
+    return f"{module}'s own code" if module else op_place("", r.model_class if r is not None else None)
+
+
+def _uncompared_words(p: PairResult, r: DiffReport | None = None) -> str:
     """The error is first seen here, but not every input was compared: say which were not, and what the
     compared ones show. (Never "its inputs are identical": nothing proved it.)"""
     parts = []
     code = made_in(p.tags, p.module)
     if code is not None:
-        parts.append(f"made by {module_label(code)}'s own code, which no record shows")
+        parts.append(f"made by {_own_code(code, r)}, which no record shows")
     for why in (UNPAIRED, NOT_COMPARED, CAND_ONLY):
         names = [n for n, w in p.uncompared_inputs if w == why]
         if names:
