@@ -35,7 +35,8 @@ def test_selection_keeps_a_record_when_any_of_its_names_is_included_and_none_exc
 
 def test_only_runtimes_with_run_module_isolate_components():
     assert {n: get_runtime(n).can_run_modules() for n in runtime_names()} == {
-        "executorch": True, "executorch-xnnpack": True, "onnx": False, "onnxruntime": False, "tvm": True}
+        "executorch": True, "executorch-xnnpack": True, "onnx": False, "onnxruntime": False, "tvm": True,
+        "inductor": False, "aot_eager": False}
     with pytest.raises(InputError, match="'onnxruntime' cannot run one module alone"):
         isolate_components(torch.nn.Linear(2, 2), (torch.ones(1, 2),), get_runtime("onnxruntime"))
 

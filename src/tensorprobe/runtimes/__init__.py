@@ -19,6 +19,8 @@ _REGISTRY: dict[str, str] = {
     "tvm": "tvm:TvmAdapter",
     "executorch": "executorch:ExecuTorchAdapter",
     "executorch-xnnpack": "executorch:ExecuTorchXnnpackAdapter",
+    "inductor": "inductor:InductorAdapter",
+    "aot_eager": "inductor:AotEagerAdapter",
 }
 
 
