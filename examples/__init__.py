@@ -1,0 +1,14 @@
+"""Small models the guides in docs/ run (tests/docs runs every guide as written, from a copy of this folder).
+
+- `tiny_tts.py`: a FastSpeech-shaped toy with a log-mel clamp on the training path only (guide-training).
+- `noisy.py`: a random noise source; the same model under two seeds, and a port that draws uniform (guide-rng,
+  guide-python).
+- `transformer_port.py`: a TransformerEncoder and a port with one attention output projection transposed
+  (guide-isolate, guide-python).
+- `vad.py`: the Silero VAD port scaled by 1.1 in its own forward (guide-isolate; needs silero-vad).
+- `my_port.py`: a post-net whose log goes NaN (guide-nan, guide-python).
+- `masked.py`: a deliberate -inf mask before a softmax, and the same mask reaching the output (guide-nan).
+
+A regular package (this file), so `from examples import noisy` finds this folder from the repository's root
+whatever else is installed.
+"""
