@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import importlib.util
 import io
 import os
@@ -154,6 +155,11 @@ class GuideRun:
     def __init__(self, workdir: Path):
         self.workdir = workdir
         self.namespace: dict = {"__name__": "__guide__"}
+        # Python blocks run in this process: forget the `examples` package another guide imported from its own
+        # (now deleted) directory, so `from examples import ...` reads this guide's copy
+        for name in [n for n in sys.modules if n == "examples" or n.startswith("examples.")]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
         if EXAMPLES.is_dir():
             shutil.copytree(EXAMPLES, workdir / "examples", dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__"))

@@ -87,3 +87,16 @@ def test_python_blocks_share_a_namespace_and_a_failure_names_the_line(tmp_path):
 def test_console_blocks_run_their_commands_and_compare_the_rest(tmp_path):
     blocks = parse("```console\n$ echo one\none\n$ echo two\ntwo\n```\n")
     check("g.md", blocks[0], GuideRun(tmp_path))
+
+
+def test_each_guide_imports_its_own_copy_of_examples(tmp_path):
+    blocks = parse("```python\nfrom examples import where\nprint(where.NAME)\n```\n")
+    printed = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        run = GuideRun(tmp_path / name)
+        (tmp_path / name / "examples").mkdir(exist_ok=True)
+        (tmp_path / name / "examples" / "__init__.py").write_text("")
+        (tmp_path / name / "examples" / "where.py").write_text(f"NAME = {name!r}\n")
+        printed.append(run.run(blocks[0]).strip())
+    assert printed == ["first", "second"]
