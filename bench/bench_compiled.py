@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=24000)
     ap.add_argument("--blocks", type=int, default=6)
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default="bench/results/compiled.json")
     a = ap.parse_args()
 
@@ -62,8 +63,16 @@ def main() -> None:
     from tensorprobe.compiled import CompiledRun, mark_hook, stats_from_vector
 
     torch.manual_seed(0)
-    model = Stack(a.channels, a.blocks).eval()
-    x = torch.randn(1, a.channels, a.samples)
+    model = Stack(a.channels, a.blocks).eval().to(a.device)
+    x = torch.randn(1, a.channels, a.samples, device=a.device)
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
+
+    def timed(fn) -> float:
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t
     stats_made = []
 
     def on_run(plan, extra):
@@ -87,21 +96,22 @@ def main() -> None:
 
         ratios, t_plain, t_instr, t_eager = [], [], [], []
         for _ in range(a.reps):
-            t = time.perf_counter(); plain(x); tp_ = time.perf_counter() - t
-            t = time.perf_counter(); instrumented(x); ti = time.perf_counter() - t
-            t = time.perf_counter(); model(x); te = time.perf_counter() - t
+            tp_ = timed(lambda: plain(x))
+            ti = timed(lambda: instrumented(x))
+            te = timed(lambda: model(x))
             t_plain.append(tp_); t_instr.append(ti); t_eager.append(te); ratios.append(ti / tp_)
         for h in handles:
             h.remove()
         # an eager module/stats capture of the same model, for scale (its own ratio to the eager forward)
         eager_caps = []
         for _ in range(max(3, a.reps // 3)):
-            t = time.perf_counter(); model(x); te = time.perf_counter() - t
-            t = time.perf_counter(); tp.capture(model, x, weights=False); tc = time.perf_counter() - t
+            te = timed(lambda: model(x))
+            tc = timed(lambda: tp.capture(model, x, weights=False))
             eager_caps.append(tc / te)
 
     doc = {
-        "machine": machine(), "backend": a.backend, "model": f"{a.blocks} x (Conv1d {a.channels}ch, InstanceNorm1d, "
+        "machine": machine(), "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
+        "backend": a.backend, "model": f"{a.blocks} x (Conv1d {a.channels}ch, InstanceNorm1d, "
         f"LeakyReLU) + Conv1d, input 1x{a.channels}x{a.samples}", "records_per_forward": records,
         "compile_seconds": {"plain": round(compile_plain, 2), "instrumented": round(compile_instr, 2)},
         "median_seconds": {"compiled_forward": statistics.median(t_plain),

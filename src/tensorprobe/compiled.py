@@ -111,7 +111,8 @@ class _Entry:
     full: bool   # returned whole (keep="full", or a dtype the in-graph statistics do not cover)
     kind: str = KIND_OUTPUT
     tags: tuple[str, ...] = ()
-    index: int = -1   # its place among the plan's entries (= among the extra outputs)
+    index: int = -1   # its place among the plan's entries
+    slot: int = -1    # its place among the full values, or its row of the stacked statistics
 
 
 @dataclass
@@ -122,6 +123,7 @@ class GraphPlan:
     entries: list[_Entry] = field(default_factory=list)
     outputs: int = 0
     nodes: int = 0
+    stacked: bool = False   # the statistics of the entries that are not full come as one stacked output
     # (entry index, name) in record order: a value that ends several calls (a child's output its parent returns
     # as is) is one extra output but several records, each at its call's place, as forward hooks make them
     order: list[tuple[int, tuple[str, str, int, str, tuple[str, ...]]]] = field(default_factory=list)
@@ -348,21 +350,30 @@ def instrument(gm, plan: GraphPlan) -> None:
     own = out_node.args[0]
     own = tuple(own) if isinstance(own, (tuple, list)) else (own,)
     plan.outputs = len(own)
-    extra = []
+    extra, stats = [], []
     for e in plan.entries:
         # taken right after the value is made: code after it may change it in place (Kokoro's `xs += block(x)`,
         # `rand_ini[:, 0] = 0`), and the record is the value the module returned, as a forward hook sees it
         with graph.inserting_after(e.node):
-            extra.append(graph.call_function(torch.clone if e.full else graph_stats, (e.node,)))
+            node = graph.call_function(torch.clone if e.full else graph_stats, (e.node,))
+        e.slot = len(extra) if e.full else len(stats)
+        (extra if e.full else stats).append(node)
+    if stats:   # one [entries x 7] output: the host reads every statistic with one copy (one sync on a GPU)
+        with graph.inserting_before(out_node):
+            extra.append(graph.call_function(torch.stack, (stats,)))
+    plan.stacked = bool(stats)
     out_node.args = (own + tuple(extra),)
     graph.lint()
     gm.recompile()
 
 
 def split_outputs(plan: GraphPlan, outs: Any) -> tuple[Any, list]:
-    """The graph's own outputs (as the uninstrumented graph returns them) and the extra ones."""
+    """The graph's own outputs (as the uninstrumented graph returns them) and one value per plan entry: the tensor
+    (full entries) or its statistics as a list of 7 numbers."""
     outs = list(outs) if not isinstance(outs, list) else outs
-    return outs[:plan.outputs], outs[plan.outputs:]
+    own, extra = outs[:plan.outputs], outs[plan.outputs:]
+    rows = extra[-1].tolist() if plan.stacked else []
+    return own, [extra[e.slot] if e.full else rows[e.slot] for e in plan.entries]
 
 
 def user_frame(tb_or_stack: Any) -> str | None:
@@ -518,7 +529,7 @@ def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | 
             stats[i] = stats_from_vector(value, entry.shape, channel_dim)
         rec = Record(name=name, module=module, op=op, order=recorder.order, shape=entry.shape,
                      dtype=dtype_name(_meta_value(entry.node).dtype), stats=stats[i], kind=entry.kind, call=call,
-                     device=str(value.device), inputs=inputs, tags=entry.tags + (TAG_COMPILED,))
+                     device=str(_meta_value(entry.node).device), inputs=inputs, tags=entry.tags + (TAG_COMPILED,))
         recorder.writer.add(rec, None)
         recorder.order += 1
         if recorder.on_record is not None:
