@@ -41,6 +41,15 @@ def root(tmp_path_factory):
 FIRST_QUANTIZED = {"transformer": "layers.0.self_attn", "convlstm": "conv1", "decoder": "F0_conv"}
 
 
+def _int8_verdict(r, arch: str) -> str:
+    """A faithful int8 port is judged by its outputs (SNR >= 20 dB, correlation >= 0.99): a match when they meet it,
+    diverged when not. The Kokoro decoder's waveform never does (its sine source's phase moves); the others do."""
+    outs = [r.get(n) for n in r.outputs]
+    meets = all(o.metric("snr_db") >= 20 and o.metric("pearson") >= 0.99 for o in outs)
+    assert meets is (arch != "decoder"), [(o.name, o.metric("snr_db"), o.metric("pearson")) for o in outs]
+    return "match" if meets else "diverged"
+
+
 @needs_ort
 @pytest.mark.onnx
 @pytest.mark.parametrize("arch", ["transformer", "convlstm", "decoder"])
@@ -48,14 +57,14 @@ def test_int8_dynamic_port_diverges_by_quantization_at_its_first_quantized_op(on
     p = onnx_ports(arch)
     r = tp.diff(p.fp32, p.int8_dynamic)
     first = r.get(r.first_divergence)
-    assert r.verdict == "diverged" and first.cause == "quantized"
+    assert r.verdict == _int8_verdict(r, arch) and first.cause == "quantized", r.summary
     assert first.module == FIRST_QUANTIZED[arch], r.summary
     # pairing by ONNX value name puts the float value that stands for each original output (the rescale after
     # MatMulInteger/ConvInteger) against the reference: never the int32 accumulator
     assert not any(p.cand_dtype.startswith("int") and p.dtype.startswith("float") for p in r.pairs if p.compared)
     assert any(any(t.startswith("dequantized") for t in w.tags) for w in r.weights)  # weights dequantized
     assert not r.weights_differ        # within one quantisation step of the fp32 weights
-    assert all(o.failed for o in map(r.get, r.outputs)) and "int8 port" in r.summary
+    assert "int8 port" in r.summary or "quantized port" in r.summary
     assert_nothing_incomparable_ranked(r)
 
 
@@ -66,7 +75,7 @@ def test_int8_qdq_port_diverges_by_quantization(onnx_ports, arch):
     p = onnx_ports(arch)
     r = tp.diff(p.fp32, p.int8_qdq)
     first = r.get(r.first_divergence)
-    assert r.verdict == "diverged" and first.cause == "quantized", r.summary
+    assert r.verdict == _int8_verdict(r, arch) and first.cause == "quantized", r.summary
     # QDQ: the DequantizeLinear after a QuantizeLinear of v stands for v
     assert sum("stands_for:" in " ".join(q.tags) for q in r.pairs) > 5
     assert not r.weights_differ

@@ -262,7 +262,8 @@ def test_onnxruntimes_float16_conversion_matches_the_float32_file(onnx_bundles):
 
 def test_onnxruntimes_int8_quantization_is_named_as_quantization(onnx_bundles):
     report = tp.diff(onnx_bundles["fp32"], onnx_bundles["int8"])
-    assert report.verdict == "diverged"
+    # its records carry int8's error by design; judged by its output (>= 20 dB, correlation >= 0.99), it matches
+    assert report.verdict == "match" and "Match by its outputs, as a quantized port" in report.summary
     assert first_cause(report)[:2] == ("conv1", "quantized"), report.summary
     out = output_pair(report)
     assert 40 < out.metric("snr_db") < 60                # int8 weights: ~50 dB at the output, as measured

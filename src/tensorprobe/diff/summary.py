@@ -170,8 +170,10 @@ def _int8_match_words(r: DiffReport) -> str:
     first = next((p for p in failing if p.cause == CAUSE_QUANTIZED), failing[0] if failing else None)
     outs = [o for o in (r.get(n) for n in (r.outputs or (r.output,))) if o is not None]
     shown = "; ".join(f"{o.name}: {fmt_err(o)}" for o in outs[:3])
-    carry = (f"{len(failing):,} of {len(r.pairs):,} records carry int8's quantization error beyond float rounding "
-             f"(the first, {first.name}, is computed with quantized arithmetic), by design; " if first else "")
+    n = sum(1 for q in r.pairs if TAG_QUANTIZED in q.tags or TAG_READS_QUANTIZED in q.tags)
+    carry = (f"its first divergence, {first.name}, is int8's rounding ({first.explanation or 'quantized arithmetic'})"
+             f"; {n:,} of the {len(r.pairs):,} compared records are computed with quantized arithmetic or from its "
+             "results and carry its error by design; " if first else "")
     return (f"Match by its outputs, as a quantized port: {carry}every model output meets the output criterion of a "
             f"quantized port (SNR >= {OUTPUT_MIN_SNR:g} dB, correlation >= {OUTPUT_MIN_CORR:g}): {shown}.")
 

@@ -603,7 +603,8 @@ def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iter
     """(record name, float array, tags) of every weight an ONNX graph holds: float initializers by name
     (one-element ones only when they are weights by name: `is_weight`), and quantized ones
     (onnxruntime.quantization's `W_quantized` + `W_scale` + `W_zero_point`, dynamic or QDQ) dequantized to
-    float32 as `W`, transposed back when the quantizer transposed them, tagged `dequantized:int8` (or uint8,
+    float32 as `W`, transposed back when the quantizer transposed them (a Gemm's `_Transposed` weight, the W and
+    R of a `DynamicQuantizeLSTM`), tagged `dequantized:int8` (or uint8,
     int32). Scales, zero points and the exporter's folded constants are left out."""
     import numpy as np
     from onnx import numpy_helper
@@ -611,6 +612,8 @@ def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iter
     inits = {i.name: i for i in graph.initializer}
     axis_of = {n.input[0]: next((a.i for a in n.attribute if a.name == "axis"), 1)
                for n in graph.node if n.op_type == "DequantizeLinear" and n.input}
+    # DynamicQuantizeLSTM stores W and R as [directions, input, 4*hidden]: ONNX's LSTM's last two axes swapped
+    lstm_transposed = {v for n in graph.node if n.op_type == "DynamicQuantizeLSTM" for v in list(n.input)[1:3] if v}
     side = set()
     for name in inits:
         m = _QUANTIZED.match(name)
@@ -641,6 +644,8 @@ def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iter
         value = (q.astype(np.float32) - z) * s
         if base.endswith(_TRANSPOSED) and value.ndim == 2:
             value = np.ascontiguousarray(value.T)
+        elif name in lstm_transposed and value.ndim == 3:
+            value = np.ascontiguousarray(value.swapaxes(1, 2))
         step = float(np.max(np.abs(s)))  # one quantisation step: the rounding dequantisation is allowed
         yield _weight_base(base), value, (f"dequantized:{q.dtype.name}", f"{TAG_QSTEP}{step:.6g}")
 
