@@ -147,7 +147,13 @@ def _first_quantized(ref: tp.Bundle, int8: "onnx.ModelProto") -> str:
 def test_int8_dynamic_port_of_a_shipped_model_diverges_where_it_was_quantized(ports, name):
     ref, int8, _, graph = ports(name)
     r = tp.diff(ref, int8)
-    assert r.verdict == "diverged", r.summary
+    # judged by its outputs: a match exactly when every output meets SNR >= 20 dB and correlation >= 0.99 (none
+    # for a single score) and nothing but int8's error fails (DNSMOS P.835's log is 'own': it stays diverged)
+    outs = [r.get(n) for n in r.outputs]
+    meets = all(o.method == "elementwise" and o.metric("snr_db") >= 20 and (o.metric("pearson") or 1.0) >= 0.99
+                for o in outs)
+    int8_only = all(p.cause in ("quantized", "inherited", "amplified") for p in r.pairs if p.failed)
+    assert r.verdict == ("match" if meets and int8_only else "diverged"), r.summary
     first = r.get(r.first_divergence)
     assert first.name == _first_quantized(ref, graph) and first.cause == "quantized", r.summary
     assert not r.ref_only   # every reference value has its int8 counterpart; the quantizer's own ops are extra

@@ -432,7 +432,8 @@ def judged_as_quantized_outputs(forward: list[PairResult], reduced: str | None, 
         is_output = p.kind == KIND_MODEL_OUTPUT or p.name.split(":")[0] == "<root>"
         if (is_output and p.failed and p.method == METHOD_ELEMENTWISE and from_int8
                 and not any(r.endswith("the output criterion") for r in p.reasons)
-                and snr is not None and snr >= OUTPUT_MIN_SNR and corr is not None and corr >= OUTPUT_MIN_CORR):
+                and snr is not None and snr >= OUTPUT_MIN_SNR and (corr is None or corr >= OUTPUT_MIN_CORR)):
+            # (no correlation for a single value, DNSMOS's score: its SNR judges it)
             p = replace(p, status=STATUS_PASS, reasons=(), floor_reason=QUANTIZED_OUTPUT_WORDS, beyond_floor=False,
                         tags=p.tags + (TAG_OUTPUT_QUANTIZED,))
         out.append(p)
