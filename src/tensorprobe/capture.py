@@ -544,7 +544,7 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
               channel_dim=channel_dim, on_record=on_record, replay_rng=replay_rng, weights=weights)
     if compile:
         from .compiled import compiled_capture
-        cap = compiled_capture(model, backend=backend, mode=mode, **kw)
+        cap = compiled_capture(Capture, model, backend=backend, mode=mode, **kw)
     else:
         if mode is not None:
             raise InputError("mode is a torch.compile setting: pass compile=True with it")

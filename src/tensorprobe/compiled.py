@@ -540,8 +540,9 @@ __all__ = ["CompiledRun", "GraphPlan", "OP_LEVEL_BACKENDS", "TAG_COMPILED", "com
            "stats_from_vector"]
 
 
-def _capture_class():
-    from .capture import Capture
+def _capture_class(Capture: type) -> type:
+    """The compiled `Capture` subclass of `Capture` (passed in by `capture.capture`: this module does not import
+    the one that imports it)."""
 
     class CompiledCapture(Capture):
         """`Capture` of the model as `torch.compile(backend=...)` runs it (see the module docstring)."""
@@ -662,6 +663,8 @@ def _capture_class():
     return CompiledCapture
 
 
-def compiled_capture(model: torch.nn.Module, *, backend: str = "inductor", mode: str | None = None, **kw: Any):
-    """A `Capture` that records the compiled model (`capture(..., compile=True)` builds it)."""
-    return _capture_class()(model, backend=backend, mode=mode, **kw)
+def compiled_capture(base: type, model: torch.nn.Module, *, backend: str = "inductor", mode: str | None = None,
+                     **kw: Any):
+    """A `Capture` (subclass of `base`, capture.Capture) that records the compiled model (`capture(..., compile=True)`
+    builds it)."""
+    return _capture_class(base)(model, backend=backend, mode=mode, **kw)
