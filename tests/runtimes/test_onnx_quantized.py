@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 import tensorprobe as tp
 from tensorprobe.bundle import Bundle
@@ -178,3 +179,44 @@ def test_the_kokoro_decoder_int8_port_against_pytorch(ports):
     r = tp.diff(p.reference("module", replay=int8), p.bundle("dynamic_wrong", broken))
     first = r.get(r.first_divergence)
     assert (first.name, first.cause, first.origin) == ("decode.1.conv1", "weights", "decode.1.conv1.weight"), r.summary
+
+
+class HarmonicSource(torch.nn.Module):
+    """A vocoder's harmonic source in miniature: F0 (a 1x1 conv) integrated into a phase (cumsum), four harmonics
+    (sin), mixed (a 1x1 conv). quantize_dynamic makes both convs int8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f0, self.out = torch.nn.Conv1d(1, 1, 1), torch.nn.Conv1d(4, 1, 1)
+        with torch.no_grad():
+            self.f0.weight.fill_(1.0)
+            self.f0.bias.fill_(0.0)
+
+    def forward(self, f0: torch.Tensor) -> torch.Tensor:
+        phase = torch.cumsum(self.f0(f0) * (2 * torch.pi / 24000), dim=-1)
+        return self.out(torch.cat([torch.sin(phase * k) for k in range(1, 5)], 1))
+
+
+@pytest.mark.parametrize("seconds, verdict", [(1.0, "match"), (3.0, "diverged")])
+def test_a_harmonic_source_is_judged_by_its_output_and_its_phase_accumulation_is_named(tmp_path, seconds, verdict):
+    """int8's 5e-5 error in F0 becomes 0.16 rad of phase after 1 s (output 22 dB: a match, the amplifier named)
+    and 0.7 rad after 3 s (output 10 dB: diverged, the same amplifier named)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tensorprobe.runtimes import get_runtime
+    from tensorprobe.runtimes.onnxruntime import export_onnx
+
+    torch.manual_seed(0)
+    n = int(24000 * seconds)
+    f0 = (200 + 20 * torch.sin(torch.linspace(0, 6, n))).reshape(1, 1, n)
+    fp32 = export_onnx(HarmonicSource().eval(), (f0,), tmp_path / "fp32.onnx", exporter="legacy")
+    quantize_dynamic(str(fp32), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    import onnx
+    feeds = {onnx.load(str(fp32)).graph.input[0].name: f0.numpy()}
+    rt = get_runtime("onnxruntime")
+    r = tp.diff(rt.capture_artifact(fp32, feeds, tmp_path / "ref", keep="full"),
+                rt.capture_artifact(tmp_path / "int8.onnx", feeds, tmp_path / "q", keep="full"))
+    assert r.verdict == verdict, r.summary
+    amp = r.strongest_amplifier
+    assert amp is not None and amp.op == "Sin" and "phase accumulation" in amp.explanation, r.summary
+    assert amp.name in r.summary and ("Match by its outputs" in r.summary) is (verdict == "match")

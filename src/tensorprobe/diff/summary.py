@@ -174,8 +174,12 @@ def _int8_match_words(r: DiffReport) -> str:
     carry = (f"its first divergence, {first.name}, is int8's rounding ({first.explanation or 'quantized arithmetic'})"
              f"; {n:,} of the {len(r.pairs):,} compared records are computed with quantized arithmetic or from its "
              "results and carry its error by design; " if first else "")
+    amp = r.strongest_amplifier    # what would make a longer or louder input fail: said even on a match
+    grows = (f" The error grows most at {amp.name} (error gain {gain_words(amp.gain)}, relative error "
+             f"{amp.input_rel_err:.2g} -> {amp.output_rel_err:.2g})" + (f": {amp.explanation}." if amp.explanation
+                                                                        else ".") if amp is not None else "")
     return (f"Match by its outputs, as a quantized port: {carry}every model output meets the output criterion of a "
-            f"quantized port (SNR >= {OUTPUT_MIN_SNR:g} dB, correlation >= {OUTPUT_MIN_CORR:g}): {shown}.")
+            f"quantized port (SNR >= {OUTPUT_MIN_SNR:g} dB, correlation >= {OUTPUT_MIN_CORR:g}): {shown}.{grows}")
 
 
 def _precision_words(r: DiffReport) -> str:
