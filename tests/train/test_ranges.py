@@ -10,43 +10,8 @@ import torch
 from tensorprobe.errors import InputError
 from tensorprobe.train.ranges import RangeStats, check_ranges, record_ranges
 
-
-class TinyTTS(torch.nn.Module):
-    def __init__(self, clamp_at_inference: bool):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = torch.nn.Embedding(40, 32)
-        self.encoder = torch.nn.Conv1d(32, 32, 3, padding=1)
-        self.duration_proj = torch.nn.Conv1d(32, 1, 1)
-        self.decoder = torch.nn.Conv1d(32, 16, 3, padding=1)
-        with torch.no_grad():                      # a log-mel scale: values around -5, spread ~ ±10
-            self.decoder.weight.mul_(25.0)
-            self.decoder.bias.fill_(-5.0)
-        self.clamp_at_inference = clamp_at_inference
-
-    def forward(self, phonemes, durations=None):
-        h = torch.relu(self.encoder(self.embed(phonemes).transpose(1, 2)))
-        log_dur = self.duration_proj(h).squeeze(1)
-        if durations is None:                      # inference: the predicted durations
-            durations = torch.exp(log_dur).round().clamp(1, 12).long()
-        frames = torch.repeat_interleave(h[0], durations[0], dim=-1)[None]
-        mel = self.decoder(frames)
-        if self.training or self.clamp_at_inference:
-            mel = mel.clamp(-11.5, 0.0)            # log-mel range of the training data
-        return mel
-
-
-def _train_batches(n=24):
-    g = torch.Generator().manual_seed(1)
-    for _ in range(n):
-        phonemes = torch.randint(0, 40, (1, 30), generator=g)
-        durations = torch.randint(1, 8, (1, 30), generator=g)
-        yield (phonemes, durations)
-
-
-def _inference_inputs(n=6):
-    g = torch.Generator().manual_seed(2)
-    return [(torch.randint(0, 40, (1, 30), generator=g),) for _ in range(n)]
+# the guide's model (docs/guide-training.md, 'Training versus inference'), its batches and inference inputs
+from examples.tiny_tts import TinyTTS, inference_inputs as _inference_inputs, train_batches as _train_batches
 
 
 def test_a_clamp_on_the_training_path_only_is_found_at_the_output_with_the_figures(tmp_path):
