@@ -317,7 +317,8 @@ class DiffReport:
         consistent: nothing was compared element-wise and the statistics show no divergence;
         nothing_compared: no pair could be compared at all."""
         everything = self.pairs + self.weights
-        if any(self._decisive(p) for p in everything):
+        by_int8 = self.judged_by_int8_outputs     # once per verdict, not once per failing pair
+        if any(self._decisive(p, by_int8) for p in everything):
             return VERDICT_DIVERGED
         if self.incomplete:
             return VERDICT_INCOMPLETE
@@ -326,13 +327,14 @@ class DiffReport:
             return VERDICT_MATCH
         return VERDICT_CONSISTENT if METHOD_STATS in methods else VERDICT_EMPTY
 
-    def _decisive(self, p: PairResult) -> bool:
+    def _decisive(self, p: PairResult, by_int8_outputs: bool) -> bool:
         """A failure that makes the run diverge: anything but random draws that differ without reaching
-        the model's outputs (noise multiplied by zero, a dropout mask in eval), and integer results that no
-        recorded op reads (tag "unread": max-pool indices flipped by rounding)."""
+        the model's outputs (noise multiplied by zero, a dropout mask in eval), integer results that no
+        recorded op reads (tag "unread": max-pool indices flipped by rounding), and int8's error in a quantized
+        port judged by its outputs (`by_int8_outputs`: `judged_by_int8_outputs`)."""
         if not p.failed or "unread" in p.tags:    # flipped indices no recorded op reads (diff.analysis)
             return False
-        if p.cause in ("quantized", "inherited", "amplified") and self.judged_by_int8_outputs:
+        if p.cause in ("quantized", "inherited", "amplified") and by_int8_outputs:
             return False
         return p.cause != "random" or p.name in self.outputs or p.name == self.output
 
