@@ -36,6 +36,14 @@ def isolate_cmd(
     no_accumulated: bool = typer.Option(False, "--no-accumulated", help="Skip the candidate's own run "
                                                                         "(local error only, ~2x a forward)."),
     html: Optional[Path] = typer.Option(None, "--html", help="Also write a self-contained HTML report here."),
+    model_explorer: Optional[Path] = typer.Option(None, "--model-explorer", metavar="OUT_DIR",
+                                                  help="Also write Model Explorer node-data overlays (local and "
+                                                       "accumulated SNR dB, findings) for the candidate's graph "
+                                                       "into OUT_DIR, with the graph as OUT_DIR/candidate.pt2 "
+                                                       "(see `explore`)."),
+    graph: Optional[Path] = typer.Option(None, "--graph", metavar="MODEL.onnx",
+                                         help="With --model-explorer: key the overlays by the nodes of this ONNX "
+                                              "export of CAND instead of exporting CAND with torch.export."),
     show_all: bool = typer.Option(False, "--all", help="Show every layer, not only those that fail."),
     json_out: bool = JsonOption,
 ) -> None:
@@ -58,14 +66,22 @@ def isolate_cmd(
         if html is not None:
             from ..report.isolate import write_isolate_html
             write_isolate_html(report, html, title=f"{ref} vs {cand}")
+        overlays = None
+        if model_explorer is not None:
+            from ..report.explorer import write_isolate_node_data
+            overlays = write_isolate_node_data(report, model_explorer, graph=graph, model=c.model, args=r.args,
+                                               kwargs=r.kwargs)
     except TensorprobeError as e:
         fail(str(e))
     code = EXIT_FINDING if report.found else EXIT_OK
     if json_out:
         emit_json("isolate", "finding" if report.found else "ok",
-                  {"ref": ref, "cand": cand, "report": report.to_dict(), "html": str(html) if html else None})
+                  {"ref": ref, "cand": cand, "report": report.to_dict(), "html": str(html) if html else None,
+                   "model_explorer": {k: str(v) for k, v in overlays.items()} if overlays else None})
     else:
         render_isolate(console, report, show_all=show_all)
         if html is not None:
             console.print(f"HTML report: {escape(str(html))}")
+        if overlays:
+            console.print(f"Model Explorer overlays: {escape(', '.join(str(p) for p in overlays.values()))}")
     raise typer.Exit(code)

@@ -446,3 +446,168 @@ def sweep_node_data(results: str | os.PathLike, *, graph: str | os.PathLike | No
               for k, n in shares.items()}
     return {"sweep_first_divergence": _overlay("tensorprobe: % of items first diverging here", results_),
             "sweep_labels": _overlay("tensorprobe: sweep first divergence", labels)}
+
+
+# ---- isolate: each module call's own error, on the candidate's graph ----------------------------------------
+def _module_chains_exported(ep: Any, model: Any = None) -> dict[str, list[tuple[str, int]]]:
+    """fx node name -> its module chain [(module path, call index), ...], outermost first, as tensorprobe's ONNX
+    export stamps it (`tensorprobe.scope`): paths canonical (a shared module keeps its first name), a call index
+    per distinct `nn_module_stack` entry of the module (`act`, `act@1`: its first and second call)."""
+    alias: dict[str, str] = {}
+    if model is not None:
+        canonical: dict[int, str] = {}
+        for path, mod in model.named_modules(remove_duplicate=False):
+            alias[path] = canonical.setdefault(id(mod), path)
+    instances: dict[tuple[str, str], int] = {}
+    calls: dict[str, int] = {}
+    chains: dict[str, list[tuple[str, int]]] = {}
+    for node in ep.graph.nodes:
+        chain = []
+        for key, val in (node.meta.get("nn_module_stack") or {}).items():
+            path = val[0] if isinstance(val, tuple) else ""
+            if not path:
+                continue
+            canon = alias.get(path, path)
+            if (path, key) not in instances:
+                instances[(path, key)] = calls.get(canon, -1) + 1
+                calls[canon] = instances[(path, key)]
+            chain.append((canon, instances[(path, key)]))
+        if node.op == "call_function":
+            chains[node.name] = chain
+    return chains
+
+
+def _module_chains_onnx(path: Path) -> dict[str, list[tuple[str, int]]]:
+    """ONNX node id -> its module chain, from tensorprobe's `tensorprobe.scope` (or the legacy exporter's
+    `/a/b/op` node names, call 0)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    chains: dict[str, list[tuple[str, int]]] = {}
+    for nid, node in zip(onnx_node_ids(model), model.graph.node):
+        chain: list[tuple[str, int]] = []
+        scope = next((p.value for p in node.metadata_props if p.key == "tensorprobe.scope"), None)
+        if scope:
+            try:
+                chain = [(str(p), int(c)) for p, c in json.loads(scope)]
+            except (ValueError, TypeError):
+                chain = []
+        elif node.name.startswith("/"):
+            parts = [c for c in node.name.split("/")[1:-1] if c]
+            chain = [(".".join(parts[:i + 1]), 0) for i in range(len(parts))]
+        chains[nid] = chain
+    return chains
+
+
+def module_call_nodes(chains: Mapping[str, list[tuple[str, int]]]) -> dict[tuple[str, int], str]:
+    """(module path, call) -> the graph node that gives that call's output: the last node (graph order) inside
+    the call, not counting tuple unpacking (`getitem`), so an LSTMCell's call is its `lstm_cell` node."""
+    out: dict[tuple[str, int], str] = {}
+    for nid, chain in chains.items():
+        if re.fullmatch(r"getitem(_\d+)?", nid) and chain and all(k in out for k in chain):
+            continue
+        for m, c in chain:
+            out[(m, c)] = nid       # later nodes replace earlier ones: the last node of the call
+    return out
+
+
+def isolate_node_data(report: Any, nodes: Mapping[tuple[str, int], str]) -> dict[str, dict[str, Any]]:
+    """The overlays of an `IsolateReport` on the candidate's graph, given which node gives each module call's
+    output (`module_call_nodes`): {"local_snr_db": ..., "accumulated_snr_db": ..., "isolate": ...}.
+
+    - `local_snr_db`: the module call's own error (run alone on the reference's inputs), red where it fails;
+    - `accumulated_snr_db`: the error of the candidate's own run at that output, red where it fails;
+    - `isolate`: in words, `wrong on its own: <reasons>` (the first such call: `first wrong on its own`, dark
+      red; the module an ascent found above the isolated ones likewise), `inherits error (local 97 dB)`, `pass`.
+    A module call with no node in the graph (the model's root, a module the export inlined away) is left out.
+
+        >>> nodes = module_call_nodes(_module_chains_onnx(Path("cand.onnx")))     # doctest: +SKIP
+        >>> isolate_node_data(report, nodes)["isolate"]["results"]                # doctest: +SKIP
+        {'node_conv1d_2': {'value': 'first wrong on its own: SNR 31.2 dB < 60', ...}, ...}
+    """
+    per: dict[str, _Node] = {}
+    acc: dict[str, float] = {}
+    acc_fail: set[str] = set()
+    local_fail: set[str] = set()
+    layers = list(report.layers)
+    ascent = getattr(report, "ascent", None)
+    if ascent is not None:
+        layers += [x for x in ascent.tested if x.name not in {y.name for y in layers}]
+    culprit = report.culprit
+    for layer in layers:
+        key = nodes.get((layer.module, layer.call))
+        if key is None or not layer.module:
+            continue
+        n = per.setdefault(key, _Node())
+        lsnr = _snr_value((layer.local or {}).get("snr_db"))
+        if lsnr is not None:
+            n.snr = lsnr if n.snr is None else min(n.snr, lsnr)
+        asnr = _snr_value((layer.accumulated or {}).get("snr_db"))
+        if asnr is not None:
+            acc[key] = min(acc.get(key, asnr), asnr)
+        if layer.accumulated_fails:
+            acc_fail.add(key)
+        why = "; ".join(layer.local_reasons)
+        if layer.name == culprit:
+            local_fail.add(key)
+            n.mark("first_divergence", f"first wrong on its own ({layer.name}): {why}" if why
+                   else f"first wrong on its own ({layer.name})")
+        elif layer.local_fails:
+            local_fail.add(key)
+            n.mark("strongest_amplifier", f"wrong on its own ({layer.name}): {why}")
+        elif layer.verdict == "inherited":
+            own = ("" if lsnr is None else ", identical alone" if lsnr >= SNR_CAP else f", local {lsnr:.3g} dB")
+            n.mark("fail", f"inherits error ({layer.name}{own})")
+        elif layer.verdict == "ok":
+            n.mark("pass", "pass")
+    local = {k: {"value": n.snr, **_bg("fail" if k in local_fail else "pass")} for k, n in per.items()
+             if n.snr is not None}
+    accumulated = {k: {"value": v, **_bg("fail" if k in acc_fail else "pass")} for k, v in acc.items()}
+    return {"local_snr_db": _overlay("tensorprobe isolate: local SNR dB (module alone)", local,
+                                     hideAggregatedStats=["sum", "avg"]),
+            "accumulated_snr_db": _overlay("tensorprobe isolate: accumulated SNR dB", accumulated,
+                                           hideAggregatedStats=["sum", "avg"]),
+            "isolate": _overlay("tensorprobe isolate: findings", _labels(per), showExpandedSummaryOnGroupNode=True,
+                                showLabelCountColumnsInChildrenStatsTable=True)}
+
+
+def write_isolate_node_data(report: Any, out_dir: str | os.PathLike, *, graph: str | os.PathLike | None = None,
+                            model: Any = None, args: tuple = (), kwargs: Mapping[str, Any] | None = None
+                            ) -> dict[str, Path]:
+    """`isolate_node_data` written into `out_dir`, keyed by the nodes of `graph` (an ONNX file of the candidate
+    that tensorprobe exported, or one of the legacy exporter) or, without a graph, of the candidate `model`
+    exported here with `torch.export` on `args` and saved as `OUT_DIR/candidate.pt2` (what `tensorprobe explore
+    OUT_DIR/candidate.pt2 --data OUT_DIR` opens; Model Explorer names its nodes by the fx node names the
+    overlays use). Returns {name: path}, the graph under "graph" when written here.
+
+    Raises:
+        InputError: the graph is missing or not ONNX, or the candidate does not export (then pass --graph).
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory (--model-explorer takes a directory)")
+    written: dict[str, Path] = {}
+    if graph is not None:
+        index = graph_index(graph)       # the same checks (exists, .onnx, readable) as diff's --graph
+        chains = _module_chains_onnx(index.path)
+    else:
+        if model is None:
+            raise InputError("isolate overlays need the candidate's graph: --graph model.onnx, or the model")
+        import torch
+
+        try:
+            ep = torch.export.export(model.eval(), tuple(args), dict(kwargs or {}), strict=False)
+        except Exception as e:      # the exporter's own failure: say it in one line and how to go on
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise InputError(f"the candidate does not export with torch.export ({type(e).__name__}: {msg[:200]}); "
+                             "pass its ONNX file with --graph model.onnx") from None
+        chains = _module_chains_exported(ep, model)
+        out.mkdir(parents=True, exist_ok=True)
+        import io
+
+        buf = io.BytesIO()
+        torch.export.save(ep, buf)
+        written["graph"] = out / "candidate.pt2"
+        atomic_write_bytes(written["graph"], buf.getvalue())
+    written.update(write_node_data(isolate_node_data(report, module_call_nodes(chains)), out))
+    return written
