@@ -1,5 +1,5 @@
 """`tensorprobe explore GRAPH --data OVERLAY.json`: open a graph in Google Model Explorer with tensorprobe's
-overlays (`diff --model-explorer`, `nan --model-explorer`) loaded.
+overlays (`diff --model-explorer`, `nan --model-explorer`, `isolate --model-explorer`) loaded.
 
 Needs the `explorer` extra (`pip install 'tensorprobe[explorer]'`, the `ai-edge-model-explorer` package); without
 it the command prints one line and exits 2. An ONNX graph is converted here (`report.explorer.onnx_graph_json`:
@@ -27,7 +27,8 @@ def _overlay_files(data: list[Path]) -> list[Path]:
     for d in data:
         if d.is_dir():
             # Model Explorer shows the overlay loaded last: the findings, when the directory holds them
-            order = {"snr_db.json": 0, "nan.json": 1, "findings.json": 2}
+            order = {"snr_db.json": 0, "local_snr_db.json": 0, "accumulated_snr_db.json": 0, "nan.json": 1,
+                     "findings.json": 2, "isolate.json": 2}
             found = sorted(d.glob("*.json"), key=lambda p: (order.get(p.name, -1), p.name))
             if not found:
                 raise InputError(f"{d}: no node-data .json files in this directory")
