@@ -28,7 +28,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -60,6 +60,7 @@ class GraphIndex:
 
     path: Path | None
     producer: Mapping[str, str]
+    readers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # value name -> nodes reading it
 
     def key(self, value: str) -> str:
         return self.producer.get(value, value)
@@ -99,12 +100,16 @@ def graph_index(graph: str | os.PathLike | None) -> GraphIndex:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:
         raise InputError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
-    producer = {}
+    producer: dict[str, str] = {}
+    readers: dict[str, list[str]] = {}
     for nid, node in zip(onnx_node_ids(model), model.graph.node):
         for out in node.output:
             if out:
                 producer[out] = nid
-    return GraphIndex(path, producer)
+        for inp in node.input:
+            if inp:
+                readers.setdefault(inp, []).append(nid)
+    return GraphIndex(path, producer, {k: tuple(v) for k, v in readers.items()})
 
 
 def candidate_graph(cand: Bundle) -> Path | None:
@@ -232,6 +237,21 @@ def nan_node_data(origin: Any, bundle: Bundle, *, graph: str | os.PathLike | Non
 
 def _mark_nonfinite(nodes: dict[str, _Node], bundle: Bundle, index: GraphIndex, origin: Any) -> None:
     born = getattr(origin, "record", None) if origin is not None and getattr(origin, "found", False) else None
+    weight = bundle.get(born) if born is not None else None
+    if weight is not None and weight.kind in ("param", "buffer"):
+        # A weight is no node of the graph Model Explorer draws (an initializer shows as a node's input): NaN/Inf
+        # enters the forward at the first node that reads it, which the graph names, else (no graph) the first
+        # op output holding non-finite values in execution order, the op the weight fed.
+        readers = set(index.readers.get(weight.runtime_name or weight.name, ()))
+        entry = next((r for r in bundle if r.kind not in ("model_input", "param", "buffer") and _nonfinite(r.stats)
+                      and (not readers or index.key(r.runtime_name or r.name) in readers)), None)
+        if entry is not None:
+            key = index.key(entry.runtime_name or entry.name)
+            why = (origin.diagnosis[0] if getattr(origin, "diagnosis", ()) else origin.cause) or "non-finite"
+            n = nodes.setdefault(key, _Node())
+            n.nan = f"NaN/Inf born here from weight {weight.name}{_channels(entry.stats)}: {why}"[:240]
+            n.mark("nan_origin", f"NaN/Inf born here from weight {weight.name}{_channels(entry.stats)}")
+            born = entry.name
     for rec in bundle:
         if rec.kind in ("model_input", "param", "buffer"):
             continue
@@ -241,6 +261,8 @@ def _mark_nonfinite(nodes: dict[str, _Node], bundle: Bundle, index: GraphIndex, 
         key = index.key(rec.runtime_name or rec.name)
         n = nodes.setdefault(key, _Node())
         if rec.name == born:
+            if n.nan and "born" in n.nan:
+                continue        # the weight's reader, marked above
             why = (origin.diagnosis[0] if getattr(origin, "diagnosis", ()) else origin.cause) or "non-finite"
             n.nan = f"NaN/Inf born here{_channels(rec.stats)}: {why}"[:240]
             n.mark("nan_origin", f"NaN/Inf born here{_channels(rec.stats)}")
