@@ -278,6 +278,39 @@ def test_kokoro_faulty_norm_at_module_level_is_named_by_its_class(kokoro, tmp_pa
     assert "a one-pass variance E[x²] − E[x]²" in " ".join(o.diagnosis)
 
 
+@pytest.mark.slow
+def test_kokoro_half_precision_norm_at_module_level_is_a_negative_variance_in_exactly_its_nan_channels(kokoro, tmp_path):
+    """A module-level capture does not record the norm's ops, but it holds the norm's input: computing the
+    one-pass variance on it in float16 gives negative values in exactly the NaN channels (float32 does not), so
+    the sweep's label is "negative variance", not "made inside FaultyInstanceNorm1d". A norm that is NaN for
+    another reason (a two-pass float32 variance minus a constant: an eps sign typo) is not called that."""
+    from tensorprobe.sweep.item import diagnosis_label
+
+    class EpsTypo(kokoro.FaultyInstanceNorm1d):
+        def forward(self, x):
+            mean = x.mean(-1, keepdim=True)
+            var = ((x - mean) ** 2).mean(-1, keepdim=True)
+            return (x - mean) * torch.rsqrt(var - 0.05) * self.weight[:, None] + self.bias[:, None]
+
+    for seed, norm in ((0, None), (3, None), (0, EpsTypo)):
+        model = kokoro.build_decoder()
+        kokoro.inject_faulty_instance_norm(model)
+        for mod in model.modules():
+            if norm is not None and isinstance(mod, kokoro.FaultyInstanceNorm1d):
+                mod.__class__ = norm
+        inputs = kokoro.decoder_inputs(0.1, seed=seed, voiced=False)
+        o = tp.find_nonfinite_in_bundle(tp.capture(model.eval(), *inputs, level="module", keep="full",
+                                                   out=tmp_path / f"{seed}{norm}"))
+        half = [d for d in o.diagnosis if "rounded to float16" in d]
+        if norm is None:
+            bad = ", ".join(map(str, o.output.stats.nonfinite_channel_idx))
+            assert o.record == "generator.noise_res.0.adain1.0.norm" and half, o.diagnosis
+            assert f"({bad}) and rsqrt of it is NaN" in half[0] and "exactly the NaN channels" in half[0]
+            assert diagnosis_label(o) == "negative variance"
+        else:
+            assert o.module_type == "EpsTypo" and not half and diagnosis_label(o) != "negative variance"
+
+
 # ---- module level: what a bundle without ops can say about the root ---------------------------------------
 
 class LogThenPost(nn.Module):

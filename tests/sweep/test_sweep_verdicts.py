@@ -113,13 +113,14 @@ def test_kokoro_norm_non_finite_on_unvoiced_items_only_every_one_reported_with_i
         if name.startswith("unvoiced"):
             assert r["output_verdict"].startswith("non-finite (candidate only"), name
             assert ".adain" in r["cand_nan"]["module"] and r["cand_nan"]["module"].endswith(".norm")
+            assert r["cand_nan"]["diagnosis"] == "negative variance", r["cand_nan"]     # float16, computed on its input
             assert r["audio"]["check"] == "error" and "non_finite" in r["audio"]["problems"]
         else:
             assert r["cand_nan"] is None and r["output_verdict"] in ("pass", "fail")
             assert r["verdict"] != "random_draws" and r["cause"] != "random"      # the draws were replayed
     assert sum(g["items"] for g in summary.nonfinite_groups) == 2
-    assert all(g["side"] == "candidate" for g in summary.nonfinite_groups)
-    assert "with the candidate's output non-finite" in summary.headline()
+    assert all(g["side"] == "candidate" and g["diagnosis"] == "negative variance" for g in summary.nonfinite_groups)
+    assert "with the candidate's output non-finite" in summary.headline() and "(negative variance" in summary.headline()
 
 
 @pytest.mark.slow

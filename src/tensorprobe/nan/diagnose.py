@@ -376,6 +376,48 @@ def one_pass_variance_score(units: Any, eps: float = 1e-5) -> np.ndarray:
     return (noise / (xd.var(axis=-1) + eps)).max(axis=0)
 
 
+def one_pass_negative_channels(units: np.ndarray, dtype: Any, eps: float = 1e-5) -> list[int]:
+    """The units (dim 1 of `[batch, units, values]`) whose variance, computed in one pass as E[x²] − E[x]² with
+    every value rounded to `dtype` (means accumulated in float32, as PyTorch does for half precision), comes
+    out below −eps or non-finite in any batch row: where rsqrt(variance + eps) is NaN. An experiment on the
+    recorded input, not a bound.
+
+        >>> x = np.random.default_rng(0).standard_normal((1, 3, 80)); x[:, 1] = 10 + 0.03 * x[:, 1]
+        >>> one_pass_negative_channels(x, np.float32), one_pass_negative_channels(x, np.float16)
+        ([], [1])
+    """
+    xd = np.asarray(units).astype(dtype)
+    mean = xd.mean(axis=-1, dtype=np.float32).astype(dtype)
+    mean_sq = (xd * xd).mean(axis=-1, dtype=np.float32).astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        var = (mean_sq - mean * mean).astype(np.float32) + np.float32(eps)
+    return [int(c) for c in np.flatnonzero((~np.isfinite(var) | (var < 0)).any(axis=0))]
+
+
+def _one_pass_in_half(units: np.ndarray, bad_channels: tuple[int, ...], source: str, eps: float) -> list[str]:
+    """Where float32 rounding cannot explain the NaN channels: whether a one-pass variance in float16 (a
+    half-precision lowering of the norm) does, by computing it on the recorded input. Said only when it
+    makes NaN in some of the NaN channels and float32 makes none."""
+    bad = set(bad_channels)
+    if not bad or one_pass_negative_channels(units, np.float32, eps):
+        return []
+    neg = one_pass_negative_channels(units, np.float16, eps)
+    if not bad & set(neg):
+        return []
+    listed = ", ".join(map(str, neg[:8])) + (" …" if len(neg) > 8 else "")
+    text = (f"Computed on the normalization input ({source}) in one pass, E[x²] − E[x]², with its values rounded to "
+            f"float16, the variance + eps comes out negative (or overflows) in {len(neg)} of {units.shape[1]} "
+            f"channels ({listed}) and rsqrt of it is NaN; in float32 the same computation stays positive: the "
+            f"port most likely accumulates this norm's statistics in half precision.")
+    if bad == set(neg):
+        text += " These are exactly the NaN channels: compute the statistics in float32, in two passes."
+    elif bad <= set(neg):
+        text += " Every NaN channel is one of them: compute the statistics in float32, in two passes."
+    else:
+        text += f" The NaN channels ({', '.join(map(str, sorted(bad)))}) are not all among them."
+    return [text]
+
+
 def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: str, eps: float = 1e-5) -> list[str]:
     """What the input of a normalization says about NaN in its output channels `bad_channels`: the channels
     (dim 1) whose one-pass variance can cancel to a negative number (`one_pass_variance_score` > 1).
@@ -387,10 +429,11 @@ def normalization_input_evidence(x: Any, bad_channels: tuple[int, ...], source: 
     x = as_numpy(x)
     if x.ndim < 3 or x.dtype.kind != "f" or not np.isfinite(x).all():
         return []
-    score = one_pass_variance_score(x.reshape(x.shape[0], x.shape[1], -1), eps)
+    units = x.reshape(x.shape[0], x.shape[1], -1)
+    score = one_pass_variance_score(units, eps)
     risky = [int(c) for c in np.flatnonzero(score > 1.0)]
     if not risky:
-        return []
+        return _one_pass_in_half(units, bad_channels, source, eps)
     shown = "; ".join(f"channel {c}: {float(score[c]):.1e}" for c in risky[:8]) + (" …" if len(risky) > 8 else "")
     text = (f"The normalization input ({source}) has {len(risky)} of {x.shape[1]} channels nearly constant: a one-pass "
             f"variance E[x²] − E[x]² in float32 can carry rounding noise larger than their variance + eps (noise / "

@@ -13,7 +13,7 @@ from dataclasses import replace
 from ..bundle import Bundle
 from ..errors import BundleError
 from ..ops import NAN_FREE_OPS, canonical_op
-from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_PARAM, TAG_INPUTS_MADE_IN,
+from ..record import (KIND_BUFFER, KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_PARAM, TAG_INPUTS_MADE_IN,
                       TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT, WEIGHT_KINDS, Record, module_label, module_place,
                       op_place)
 from ..stats import TensorStats
@@ -271,7 +271,9 @@ def _normalization_evidence(ctx: _Context, norm: Record, ins: list[Record] = ())
 
 def _input_by_shape(ctx: _Context, norm: Record) -> Record | None:
     records = ctx.records
-    inside = [x.order for x in records if x.module == norm.module or x.module.startswith(f"{norm.module}.")]
+    # the module's computation, not its weights: parameters and buffers are recorded before the forward
+    inside = [x.order for x in records if x.kind not in (KIND_PARAM, KIND_BUFFER)
+              and (x.module == norm.module or x.module.startswith(f"{norm.module}."))]
     start = min(inside, default=norm.order)
     before = [x for x in records if x.order < start and x.shape == norm.shape
               and x.kind in ("output", "model_input") and x.stats.kind == "float" and x.stats.all_finite]

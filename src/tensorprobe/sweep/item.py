@@ -295,6 +295,7 @@ def _origin(o: Any) -> dict[str, Any] | None:
 
 # the diagnosis sentences of `nan`, each as the short label a sweep groups items by (first match wins)
 _DIAGNOSES = (("variance came out negative", "negative variance"),
+              ("E[x²] − E[x]²", "negative variance"),          # a one-pass variance cancelling (nan.diagnose)
               ("non-finite per-channel statistics", "negative variance"),
               ("running_var", "negative running variance"),
               ("division by zero", "division by zero"),
