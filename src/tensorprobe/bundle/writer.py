@@ -220,13 +220,18 @@ class BundleWriter:
 
     def _write_journal(self) -> None:
         new = self._lines[self._journaled:]
-        if new:
-            if not self._journaled:  # a reader of a killed capture finds the header and the status here
-                self._write_manifest(STATUS_RUNNING, None, sync=False)
-            self._journal.write("\n".join(new) + "\n")
-            self._journaled = len(self._lines)
-        self._shards_journaled = len(self._shards)
-        self._journal.flush()
+        try:
+            if new:
+                if not self._journaled:  # a reader of a killed capture finds the header and the status here
+                    self._write_manifest(STATUS_RUNNING, None, sync=False)
+                self._journal.write("\n".join(new) + "\n")
+                self._journaled = len(self._lines)
+            self._shards_journaled = len(self._shards)
+            self._journal.flush()
+        except OSError as e:
+            # Raised inside the model's forward (a hook adds the record): as a bare OSError it read as the
+            # model's own failure ("the model's forward raised OSError"); it is the bundle's disk.
+            raise BundleError(f"{self.path}: writing the bundle's journal failed: {e}") from None
 
     def flush(self) -> None:
         """Hand buffered tensors to the shard writer (one shard, written atomically) and sync the journal."""
