@@ -114,3 +114,59 @@ def test_a_killed_sweep_resumes_with_only_its_unfinished_items(sweep_file, tmp_p
     assert sorted(set(names)) == [f"item{i:02d}" for i in range(N_ITEMS)]
     assert len(names) == N_ITEMS and names[:len(before)] == before      # nothing done before ran again
     assert json.loads(done.stdout)["sweep"]["done"] == N_ITEMS
+
+
+CLICK_SWEEP = textwrap.dedent('''
+    import math
+    import torch
+    from tensorprobe.sweep import Sweep
+
+    SR = 16000
+
+    class Gain(torch.nn.Module):
+        """A 'vocoder' that passes its input through a 1x1 convolution (gain 1)."""
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(1, 1, 1, bias=False)
+            torch.nn.init.ones_(self.conv.weight)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    class Clicks(Gain):
+        """The port: the same, plus a 5e-3 click in the silent gap of the items marked by a flag sample."""
+        def forward(self, x):
+            y = super().forward(x)
+            flagged = (x[..., -1] != 0).float()[..., None]
+            click = torch.zeros_like(y)
+            click[..., 8500] = 5e-3
+            return y + flagged * click
+
+    def inputs(name):
+        t = torch.arange(SR) / SR
+        x = 0.5 * torch.sin(2 * math.pi * 220 * t)
+        x[8000:9600] = 0                          # a silent gap, where a click is heard
+        x[-1] = 1e-7 if name.startswith("click") else 0.0
+        return (x[None, None],)
+
+    def build():
+        names = ["clean-0", "clean-1", "click-0", "clean-2", "click-1"]
+        return Sweep(Gain().eval(), names, candidate=Clicks().eval(), inputs=inputs, sample_rate=SR)
+''')
+
+
+def test_a_click_within_float32_rounding_overall_is_sent_to_tier_2_by_its_audio_diff(tmp_path):
+    """A 5e-3 click in a silent gap is 1e-4 of the signal's energy: tier 1's relative error lets it through,
+    its audio diff does not. The clean items are settled at tier 1 with the audio diff verdict (identical: no
+    sample differs), the clicked ones are captured and are findings, their audio diff saying so."""
+    (tmp_path / "clicks.py").write_text(CLICK_SWEEP)
+    summary = sweep(f"{tmp_path / 'clicks.py'}:build", tmp_path / "out", workers=1)
+    latest = ResultStore(tmp_path / "out").read()
+    for name, rec in latest.items():
+        if name.startswith("clean"):
+            assert rec["tier"] == 1 and not rec["finding"]
+            assert rec["audio"]["diff"] == "identical" and "16-bit PCM step" in rec["audio"]["diff_by"]
+        else:
+            assert rec["tier"] == 2 and rec["tier1"] == "output: audio diff finds a difference"
+            assert rec["finding"] and rec["audio"]["diff"] == "differs", rec
+    assert summary.findings == 2 and summary.audio == {"identical": 3, "differs": 2}

@@ -3,8 +3,8 @@
 Tier 1 runs the reference and the candidate as a user would (no capture, no files) and judges their
 outputs: same shapes, every sample finite on both sides, relative error within float32 rounding through a
 deep path (`CEILING_UNITS` x 2^-24, what `diff` lets any same-precision record differ by without a
-measurement), and, with a sample rate, `audio check` of both (`audio diff` of outputs that close could only say
-"same": tier 2 runs it on the items that differ more). An item that passes is done:
+measurement), and, with a sample rate, `audio check` of both and the `audio diff` verdict (computed where a
+sample differs by half a 16-bit step or more). An item that passes is done:
 its line says tier 1. Any other item (or one in the `sample` of passing items the driver asks for, to show
 the distribution) gets tier 2, `SweepWorker.run`: both captures, `diff`, `nan`, the bundles kept
 statistics-only when there is a finding. Tier 1 never decides a finding; it only lets a clean item skip
@@ -102,6 +102,8 @@ class TieredWorker(SweepWorker):
                   "finding": False, "bundle": None}
         if self.sweep.sample_rate and first.reference.squeeze().ndim == 1:
             record["audio"], props = _audio_checks(first, self.sweep.sample_rate)
+            if record["audio"] is None:
+                return None, f"{first.name}: audio diff finds a difference"
             record["model_properties"] = props
         return record, ""
 
@@ -150,19 +152,34 @@ class TieredWorker(SweepWorker):
         super().close()
 
 
-def _audio_checks(out: "_Judged", sample_rate: float) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """`audio check` of both outputs. They agree within float32 rounding here, so a check the candidate
-    fails is the model's (`compare.judge_audio` with agree=True), and `audio diff` (0.5 s an item on a 0.25 s
-    clip, as long as both models' run) could only say "same": it is left to tier 2, which gets every item
-    that differs by more."""
+PCM16_HALF_STEP = 0.5 / 32768     # outputs closer than this everywhere are the same 16-bit WAV, give or take a step
+
+
+def _audio_checks(out: "_Judged", sample_rate: float) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+    """`audio check` of both outputs and the `audio diff` verdict. They agree within float32 rounding here,
+    so a check the candidate fails is the model's (`compare.judge_audio` with agree=True). `audio diff` (0.5 s
+    an item on a 0.25 s clip, as long as both models' run) is computed only where some sample differs by half
+    a 16-bit PCM step or more; closer than that everywhere, written as 16-bit audio the two files are the same
+    to within one step, and the verdict is "match" without it (`diff_by` says which). None (tier 1 does not
+    settle the item) when audio diff finds a difference."""
     from .. import audio
 
-    ref = audio.check(out.reference.squeeze(), sample_rate, source="reference output")
-    cand = audio.check(out.candidate.squeeze(), sample_rate, source="candidate output")
+    ref_out, cand_out = out.reference.squeeze(), out.candidate.squeeze()
+    ref = audio.check(ref_out, sample_rate, source="reference output")
+    cand = audio.check(cand_out, sample_rate, source="candidate output")
     props = [{"code": f"audio.{v.check}", "text": _shared_words(v.check, ref.verdict(v.check))} for v in cand.errors]
+    largest = float(np.max(np.abs(cand_out.astype(np.float64) - ref_out))) if ref_out.size else 0.0
+    if largest < PCM16_HALF_STEP:
+        verdict = "identical" if largest == 0 else "match"
+        by = f"every sample within half a 16-bit PCM step (largest difference {largest:.2g})"
+    else:
+        d = audio.diff(ref_out, cand_out, sample_rate)
+        if d.status == "finding":
+            return None, props
+        verdict, by = d.verdict, "audio diff"
     return {"check": cand.status, "reference_check": ref.status, "problems": [],
-            "model_problems": [v.check for v in cand.errors], "diff": None,
-            "diff_skipped": "the outputs agree within float32 rounding (tier 1)", "finding": False}, props
+            "model_problems": [v.check for v in cand.errors], "diff": verdict, "diff_by": by,
+            "diff_skipped": None, "finding": False}, props
 
 
 def _shared_words(check: str, ref_verdict: Any) -> str:
