@@ -8,6 +8,7 @@
 - `vad.py`: the Silero VAD port scaled by 1.1 in its own forward (guide-isolate; needs silero-vad).
 - `my_port.py`: a post-net whose log goes NaN (guide-nan, guide-python).
 - `masked.py`: a deliberate -inf mask before a softmax, and the same mask reaching the output (guide-nan).
+- `sine.py`: a sine source (sin of a cumulative phase) and the same model fed a 0.1% frequency error (guide-diff).
 
 A regular package (this file), so `from examples import noisy` finds this folder from the repository's root
 whatever else is installed.

@@ -1,6 +1,7 @@
 """A torch.nn.TransformerEncoder and a port of it whose converter wrote one attention output projection
-transposed (a square matrix: the shapes agree), for docs/guide-isolate.md. TARGETs:
-`examples/transformer_port.py:reference` and `examples/transformer_port.py:port`."""
+transposed (a square matrix: the shapes agree), for docs/guide-isolate.md and docs/guide-diff.md. TARGETs:
+`examples/transformer_port.py:reference`, `examples/transformer_port.py:port` and `:renamed_port` (the port with
+its layers named `blocks.N`, as a port that renamed its modules)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,21 @@ def port():
     with torch.no_grad():
         w.copy_(w.t().clone())          # the converter's bug
     return model, _inputs()
+
+
+class _Renamed(torch.nn.Module):
+    """The port's own module names: its layers are `blocks.N` where the reference's are `layers.N`."""
+
+    def __init__(self, encoder: torch.nn.TransformerEncoder):
+        super().__init__()
+        self.blocks = encoder.layers
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def renamed_port():
+    model, inputs = port()
+    return _Renamed(model).eval(), inputs
