@@ -170,3 +170,27 @@ def test_a_click_within_float32_rounding_overall_is_sent_to_tier_2_by_its_audio_
             assert rec["tier"] == 2 and rec["tier1"] == "output: audio diff finds a difference"
             assert rec["finding"] and rec["audio"]["diff"] == "differs", rec
     assert summary.findings == 2 and summary.audio == {"identical": 3, "differs": 2}
+
+
+@pytest.mark.parametrize("runtime", ["executorch", "tvm"])
+def test_executorch_and_tvm_programs_are_made_once_and_shared_by_workers_and_reruns(sweep_file, tmp_path, runtime):
+    """The program (`.pte` with its tap names and run facts; TVM's `.so` with its tap names) is made by one
+    worker into RESULTS/prepared and loaded by the other worker and by a rerun; the faithful lowering is 0
+    findings whichever process made it."""
+    pytest.importorskip(runtime)
+    out = tmp_path / runtime
+    sweep(f"{sweep_file}:plain", out, runtime=runtime, workers=2, limit=4)
+    prepared = [p for p in (out / "prepared").iterdir() if p.is_dir()]
+    name = {"executorch": "model.pte", "tvm": "model.so"}[runtime]
+    assert len(prepared) == 1 and (prepared[0] / name).is_file()
+    first = ResultStore(out).read()
+    assert sum(1 for r in first.values() if r.get("exported")) == 1      # one worker made it, the other loaded it
+    stamp = (prepared[0] / name).stat()
+    summary = sweep(f"{sweep_file}:plain", out, runtime=runtime, workers=1, sample_passing=2)   # the rerun
+    latest = ResultStore(out).read()
+    now = (prepared[0] / name).stat()
+    assert (now.st_ino, now.st_mtime_ns) == (stamp.st_ino, stamp.st_mtime_ns)
+    assert not any(latest[n].get("exported") for n in set(latest) - set(first))
+    sampled = [r for r in latest.values() if r.get("tier1") == "sampled"]
+    assert len(sampled) == 2 and all(r["verdict"] == "match" for r in sampled)    # captured from the loaded file
+    assert summary.done == N_ITEMS and summary.findings == 0

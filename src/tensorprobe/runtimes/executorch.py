@@ -83,16 +83,25 @@ class ExecuTorchAdapter(RuntimeAdapter):
         etrecord = pte.with_suffix(".etrecord")
         lower_to_pte(ep, pte, backend=backend, etrecord=etrecord)
         atomic_write_bytes(pte.with_suffix(".taps.json"), json.dumps(info.to_dict()).encode())
-        return PteArtifact(pte, etrecord, info, _buffer_size(ep), random_zeros)
+        buffer = _buffer_size(ep)
+        # what a later `load` of this file needs to run it as this call would (a sweep's shared export cache)
+        atomic_write_bytes(pte.with_suffix(".run.json"),
+                           json.dumps({"debug_buffer_size": buffer, "random_zeros": random_zeros}).encode())
+        return PteArtifact(pte, etrecord, info, buffer, random_zeros)
 
-    def _load(self, path: Path, *, debug_buffer_mb: int = 512, **options: Any) -> PteArtifact:
-        """Open `model.pte`, with `model.etrecord` and `model.taps.json` beside it when they exist."""
+    def _load(self, path: Path, *, debug_buffer_mb: int | None = None, **options: Any) -> PteArtifact:
+        """Open `model.pte`, with `model.etrecord`, `model.taps.json` and `model.run.json` (the debug buffer
+        it needs, whether its random ops were replaced) beside it when they exist."""
         if not path.exists():
             raise InputError(f"{path}: no such .pte file")
         etrecord = path.with_suffix(".etrecord")
-        meta = path.with_suffix(".taps.json")
+        meta, run = path.with_suffix(".taps.json"), path.with_suffix(".run.json")
         info = TapInfo.from_dict(json.loads(meta.read_text())) if meta.exists() else TapInfo.untapped(1 << 30)
-        return PteArtifact(path, etrecord if etrecord.exists() else None, info, debug_buffer_mb << 20)
+        facts = json.loads(run.read_text()) if run.exists() else {}
+        buffer = (debug_buffer_mb << 20 if debug_buffer_mb is not None
+                  else int(facts.get("debug_buffer_size", 512 << 20)))
+        return PteArtifact(path, etrecord if etrecord.exists() else None, info, buffer,
+                           bool(facts.get("random_zeros", False)))
 
     def _run(self, artifact: PteArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
         values = [_torch(v) for v in (inputs.values() if isinstance(inputs, dict) else inputs)]

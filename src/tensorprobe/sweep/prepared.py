@@ -4,8 +4,9 @@ An ONNX export of the Kokoro decoder takes 35-45 s: a sweep whose every worker e
 minutes before its first item. `ArtifactCache` keys an export by what makes it (runtime, options, the
 reference's class and weights, the input shapes and dtypes, the torch and tensorprobe versions) and keeps
 it under RESULTS/prepared/<key>/. The first worker to need a key exports it under a file lock; every other
-worker, and every rerun, waits for the lock and loads the file. Runtimes whose artifact is not one file
-a loader reopens (ExecuTorch, TVM: tapped programs) are prepared per worker as before.
+worker, and every rerun, waits for the lock and loads the file: an ONNX model, an ExecuTorch program (its
+`.pte`, ETRecord and tap names), a TVM library (its `.so` and tap names). A runtime without a file its
+loader reopens is prepared per worker.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 
 import torch
 
-CACHED_FILES = {"onnxruntime": "model.onnx"}    # runtime -> the file its `_prepare` writes in the workdir
+# runtime -> the file its `_prepare` writes in the workdir (TVM writes its library only when told where: `save`)
+CACHED_FILES = {"onnxruntime": "model.onnx", "executorch": "model.pte", "tvm": "model.so"}
+SAVED_ON_REQUEST = {"tvm"}
 DONE = "complete"                                # written last: a key directory without it is not used
 
 
@@ -48,7 +51,8 @@ class ArtifactCache:
             if made:
                 work = self.root / f".{key}.tmp-{os.getpid()}"
                 shutil.rmtree(work, ignore_errors=True)
-                adapter.prepare(model, inputs, work, **options)
+                save = {"save": str(work / CACHED_FILES[runtime])} if runtime in SAVED_ON_REQUEST else {}
+                adapter.prepare(model, inputs, work, **options, **save)
                 (work / DONE).write_text(key)
                 shutil.rmtree(final, ignore_errors=True)       # a key left half-made by a killed run
                 os.replace(work, final)
