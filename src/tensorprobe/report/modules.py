@@ -35,8 +35,10 @@ class ModuleNode:
     worst_rel_err: float | None = None
     worst_record: str | None = None
     failed: int = 0
-    compared: int = 0
-    incomparable: int = 0
+    compared: int = 0                           # records compared value by value (what has an SNR to show)
+    by_stats: int = 0                           # records judged by statistics alone (a side kept no tensor)
+    snr_bound: float | None = None              # the lowest SNR upper bound the statistics prove (dB)
+    incomparable: int = 0                       # records with no verdict at all (not comparable, no data)
     nonfinite: int = 0
     first_divergence: bool = False
     amplifier: bool = False
@@ -46,7 +48,15 @@ class ModuleNode:
     def verdict(self) -> str:
         if self.failed:
             return "fail"
-        return "pass" if self.compared else "not compared"
+        if self.compared:
+            return "pass"
+        # statistics that show no difference prove no match: a module judged only by them is not a pass
+        return "not proven" if self.by_stats else "not compared"
+
+    @property
+    def judged(self) -> int:
+        """Records with a verdict: compared value by value or by statistics (a divergence they prove counts)."""
+        return self.compared + self.by_stats
 
     @property
     def label(self) -> str:
@@ -130,6 +140,12 @@ def module_tree(report: Any) -> ModuleTree:
                     a.worst_snr, a.worst_record = snr, p.name
                 if rel is not None and (a.worst_rel_err is None or rel > a.worst_rel_err):
                     a.worst_rel_err = rel
+            elif p.compared:      # by statistics (or a content fingerprint): a verdict without an SNR to draw
+                a.by_stats += 1
+                lo = p.metric("rel_l2_err_lower")
+                if lo is not None and 0 < lo < math.inf:     # proven: the SNR is at most -20 log10(lower bound)
+                    bound = -20.0 * math.log10(lo)
+                    a.snr_bound = bound if a.snr_bound is None else min(a.snr_bound, bound)
             else:
                 a.incomparable += 1
             if p.failed:
