@@ -9,6 +9,8 @@
 - `my_port.py`: a post-net whose log goes NaN (guide-nan, guide-python).
 - `masked.py`: a deliberate -inf mask before a softmax, and the same mask reaching the output (guide-nan).
 - `sine.py`: a sine source (sin of a cumulative phase) and the same model fed a 0.1% frequency error (guide-diff).
+- `norm_port.py`: an instance norm of near-constant channels with a weight-normed conv and a noise source, and a
+  one-pass norm that is NaN in float32 already (guide-preflight).
 
 A regular package (this file), so `from examples import noisy` finds this folder from the repository's root
 whatever else is installed.
