@@ -42,13 +42,19 @@ class WriterLock:
 
     def __init__(self, path: Path, fd: int | None, info: dict[str, Any]):
         self.path, self._fd, self.info = path, fd, info
+        self.created = False        # `reserve` made the directory (removed again if nothing was written)
 
     @classmethod
     def acquire(cls, directory: Path) -> "WriterLock":
-        """Take the lock of `directory` (which exists) or raise `BundleError` naming the live writer."""
+        """Take the lock of `directory` (which exists) or raise `BundleError` naming the live writer. A lock
+        this process `reserve`d for the directory is taken over (once: a second writer is refused)."""
         path = directory / LOCK
         info = {"pid": os.getpid(), "host": socket.gethostname(),
                 "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        held = _RESERVED.pop(_key(directory), None)
+        if held is not None:
+            held.info, held.created = info, False
+            return held
         if fcntl is None:   # pragma: no cover
             return cls(path, None, info)
         while True:
@@ -157,6 +163,63 @@ def holder(directory: Path) -> dict[str, Any] | None:
         os.close(fd)
 
 
+_RESERVED: dict[str, WriterLock] = {}      # directory -> the lock this process holds for its coming writer
+
+
+def _key(directory: str | os.PathLike) -> str:
+    return os.path.realpath(directory)
+
+
+def reserve(directory: str | os.PathLike) -> WriterLock:
+    """Take `directory`'s lock now, before the model loads or exports, and hold it until this process's
+    `BundleWriter` takes it over (`release_reservation` after the capture, whatever happened).
+
+    Without it the lock is taken only when the writer opens: a capture whose export takes minutes (ONNX
+    Runtime, ExecuTorch) left that time open, and a second capture started then wrote the directory, exited 0,
+    and was replaced when the first one's writer opened (both exited 0). The directory is created if missing
+    (removed again by `release_reservation` when nothing was written); a non-empty directory that is not a
+    bundle is refused here, as the writer refuses it, so the lock file never makes one look like a bundle.
+
+    Raises:
+        BundleError: another live capture holds the lock, or the directory is not a bundle's.
+    """
+    from .format import JOURNAL, MANIFEST
+
+    p = Path(directory)
+    if p.is_dir() and any(p.iterdir()) and not any((p / n).exists() for n in (MANIFEST, JOURNAL, LOCK)):
+        raise BundleError(f"{p}: directory is not empty and is not a tensorprobe bundle; "
+                          "choose another output directory")
+    created = not p.exists()
+    p.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = WriterLock.acquire(p)
+    except BaseException:
+        if created:
+            _rmdir_quietly(p)
+        raise
+    lock.created = created
+    _RESERVED[_key(p)] = lock
+    return lock
+
+
+def release_reservation(directory: str | os.PathLike) -> None:
+    """Drop a reservation no writer took over (the capture failed before writing): its lock file goes, and the
+    directory too when `reserve` created it and it is empty."""
+    lock = _RESERVED.pop(_key(directory), None)
+    if lock is None:
+        return
+    lock.release(remove=True)
+    if getattr(lock, "created", False):
+        _rmdir_quietly(Path(directory))
+
+
+def _rmdir_quietly(p: Path) -> None:
+    try:
+        p.rmdir()
+    except OSError:
+        pass
+
+
 def refuse_if_locked(directory: str | os.PathLike) -> None:
     """Raise `BundleError` when a live capture is writing `directory` (checked before a model is loaded, so
     a second capture into the same directory is refused at once)."""
@@ -166,4 +229,4 @@ def refuse_if_locked(directory: str | os.PathLike) -> None:
                           "finish or choose another output directory")
 
 
-__all__ = ["LOCK", "RESERVE", "WriterLock", "holder", "refuse_if_locked"]
+__all__ = ["LOCK", "RESERVE", "WriterLock", "holder", "refuse_if_locked", "release_reservation", "reserve"]

@@ -93,37 +93,45 @@ def capture(
     t0 = time.perf_counter()
     options = parse_options(option)
     check_output_dir(out)      # a bad -o is named before anything loads or runs
-    from ..runtimes import runtime_for_artifact
+    from ..bundle.lock import release_reservation, reserve
 
-    artifact_runtime = runtime_for_artifact(target) if ":" not in target else None
-    if artifact_runtime is not None:
-        bundle = _capture_artifact(target, out, runtime or artifact_runtime, inputs, keep, include, exclude,
-                                   options)
-    else:
-        tgt = load_target(target)
-        if (backend != "inductor" or mode) and not compile_:
-            raise InputError("--backend and --mode are torch.compile settings: add --compile")
-        if compile_ and runtime and runtime not in ("pytorch", "torch"):
-            raise InputError("--compile captures PyTorch's compiled model; it does not combine with --runtime")
-        compile_options = {"compile": True, "backend": backend, "mode": mode} if compile_ else {}
-        if runtime and runtime not in ("pytorch", "torch"):
-            from ..runtimes import get_runtime
+    # the directory is this capture's from now on, not from when its writer opens after a load or export
+    # that can take minutes: a second capture started meanwhile is refused instead of being replaced
+    reserve(out)
+    try:
+        from ..runtimes import runtime_for_artifact
 
-            adapter = get_runtime(runtime)
-            bundle = _run_forward(target, with_options(adapter.capture, runtime), tgt.model, tgt.args, out,
-                                  keep=keep, include=include, exclude=exclude, **options)
+        artifact_runtime = runtime_for_artifact(target) if ":" not in target else None
+        if artifact_runtime is not None:
+            bundle = _capture_artifact(target, out, runtime or artifact_runtime, inputs, keep, include, exclude,
+                                       options)
         else:
-            with progress(f"capturing {target}", enabled=not json_out) as advance:
-                try:
-                    bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
-                                          include=include, exclude=exclude, out=out, record_inputs=record_inputs,
-                                          replay_rng=str(replay_rng) if replay_rng else None,
-                                          on_record=lambda r: advance(), **compile_options, **tgt.kwargs)
-                except InputError as e:
-                    if (out / "manifest.json").exists() and "forward raised" in str(e):
-                        raise InputError(f"{e} — the records made before the failure are in {out} "
-                                         f"(marked incomplete): tensorprobe show {out}") from None
-                    raise
+            tgt = load_target(target)
+            if (backend != "inductor" or mode) and not compile_:
+                raise InputError("--backend and --mode are torch.compile settings: add --compile")
+            if compile_ and runtime and runtime not in ("pytorch", "torch"):
+                raise InputError("--compile captures PyTorch's compiled model; it does not combine with --runtime")
+            compile_options = {"compile": True, "backend": backend, "mode": mode} if compile_ else {}
+            if runtime and runtime not in ("pytorch", "torch"):
+                from ..runtimes import get_runtime
+
+                adapter = get_runtime(runtime)
+                bundle = _run_forward(target, with_options(adapter.capture, runtime), tgt.model, tgt.args, out,
+                                      keep=keep, include=include, exclude=exclude, **options)
+            else:
+                with progress(f"capturing {target}", enabled=not json_out) as advance:
+                    try:
+                        bundle = _run_forward(target, capture_model, tgt.model, *tgt.args, level=level, keep=keep,
+                                              include=include, exclude=exclude, out=out, record_inputs=record_inputs,
+                                              replay_rng=str(replay_rng) if replay_rng else None,
+                                              on_record=lambda r: advance(), **compile_options, **tgt.kwargs)
+                    except InputError as e:
+                        if (out / "manifest.json").exists() and "forward raised" in str(e):
+                            raise InputError(f"{e} — the records made before the failure are in {out} "
+                                             f"(marked incomplete): tensorprobe show {out}") from None
+                        raise
+    finally:
+        release_reservation(out)
     _report_capture(bundle, time.perf_counter() - t0, json_out)
 
 
