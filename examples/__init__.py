@@ -11,6 +11,8 @@
 - `sine.py`: a sine source (sin of a cumulative phase) and the same model fed a 0.1% frequency error (guide-diff).
 - `norm_port.py`: an instance norm of near-constant channels with a weight-normed conv and a noise source, and a
   one-pass norm that is NaN in float32 already (guide-preflight).
+- `my_sweep.py`: a SWEEP_TARGET, a vocoder head over 8 utterances of rising loudness, and a port that clips the
+  loud ones (guide-sweep).
 
 A regular package (this file), so `from examples import noisy` finds this folder from the repository's root
 whatever else is installed.
