@@ -1,6 +1,7 @@
 """Benchmark: what a sweep costs beside a plain Python loop running both models over the same items, in one run.
 
     python bench/bench_sweep.py [--items 48] [--large 2000]      # bench/results/sweep.json
+    python bench/bench_sweep.py --large 10000 --large-only       # bench/results/sweep_large.json
 
 The model is a small vocoder-shaped stack (Conv1d, 64 channels, 8 layers, 0.25 s of 24 kHz audio per item);
 the candidate is a second PyTorch model, the same weights (passing) or one whose last layer is off by 1% on
@@ -174,8 +175,17 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=6000)
     ap.add_argument("--large", type=int, default=2000)
     ap.add_argument("--engines", default="ray:2,dask:2")
+    ap.add_argument("--large-only", action="store_true",
+                    help="only the large run (results in bench/results/sweep_large.json)")
     args = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="bench-sweep-targets-"))
+    if args.large_only:
+        large = write_target(d, "large", args.large, 240, 0)
+        res = {"machine": machine(), "large": sweep_run(large, 2, watch=True)}
+        print("large", res["large"], flush=True)
+        shutil.rmtree(d, ignore_errors=True)
+        write_results(Path(__file__).parent / "results" / "sweep_large.json", res)
+        return
     passing = write_target(d, "passing", args.items, args.samples, 0)
     failing = write_target(d, "failing", args.items, args.samples, 3)
     res: dict = {"machine": machine(), "items": args.items, "samples": args.samples}

@@ -194,3 +194,65 @@ def test_executorch_and_tvm_programs_are_made_once_and_shared_by_workers_and_rer
     sampled = [r for r in latest.values() if r.get("tier1") == "sampled"]
     assert len(sampled) == 2 and all(r["verdict"] == "match" for r in sampled)    # captured from the loaded file
     assert summary.done == N_ITEMS and summary.findings == 0
+
+
+LENGTHS_SWEEP = textwrap.dedent('''
+    import torch
+    from tensorprobe.sweep import Sweep
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.a = torch.nn.Conv1d(4, 8, 3, padding=1)
+            self.n = torch.nn.InstanceNorm1d(8, affine=True)
+            self.b = torch.nn.Conv1d(8, 1, 3, padding=1)
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.n(self.a(x))))
+
+    class Branchy(Net):
+        """Its code branches on the length: the export fixes the length, so no one file runs them all."""
+        def forward(self, x):
+            y = super().forward(x)
+            return y * 0.5 if x.shape[-1] > 250 else y
+
+    def inputs(name):
+        i = int(name[-2:])
+        return (torch.randn(1, 4, 100 + 37 * i, generator=torch.Generator().manual_seed(i)),)
+
+    def build():
+        return Sweep(Net().eval(), [f"len{i:02d}" for i in range(6)], inputs=inputs)
+
+    def branchy():
+        return Sweep(Branchy().eval(), [f"len{i:02d}" for i in range(6)], inputs=inputs)
+''')
+
+
+def inputs_length(name: str) -> int:
+    return 100 + 37 * int(name[-2:])
+
+
+def test_items_of_varying_length_share_one_dynamic_export_where_the_model_allows(tmp_path):
+    """Six lengths: the first is exported for its shape, the second length makes one ONNX export with a
+    symbolic length that serves the plain runs of the rest (was six exports). A model
+    whose code branches on the length gets an export with the length fixed: the other lengths are exported
+    one by one, and every item is still judged right (a faithful export: 0 findings either way)."""
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "lengths.py").write_text(LENGTHS_SWEEP)
+    out = tmp_path / "one"
+    summary = sweep(f"{tmp_path / 'lengths.py'}:build", out, workers=1)
+    latest = ResultStore(out).read()
+    assert summary.done == 6 and summary.findings == 0
+    assert all(r["tier"] == 1 for r in latest.values())
+    assert [n for n, r in latest.items() if r["tier1_export"] != "dynamic shapes"] == ["len00"]
+    assert sorted(p.name[:4] != "dyn-" for p in (out / "prepared").iterdir() if p.is_dir()) == [False, True]
+    out = tmp_path / "branchy"
+    summary = sweep(f"{tmp_path / 'lengths.py'}:branchy", out, workers=1)
+    latest = ResultStore(out).read()
+    assert summary.done == 6 and summary.findings == 0 and all(r["tier"] == 1 for r in latest.values())
+    per_shape = [n for n, r in latest.items() if r["tier1_export"] == "this shape" and n != "len00"]
+    assert 0 < len(per_shape) < 6          # the lengths beyond the export's guard (length <= 250)
+    assert all("outside [" in latest[n]["tier1_export_why"] for n in per_shape)
+    assert all(inputs_length(n) > 250 for n in per_shape)
+    assert len([p for p in (out / "prepared").iterdir() if p.is_dir()]) == 1 + len(per_shape) + 1   # + len00's

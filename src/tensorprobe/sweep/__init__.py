@@ -84,7 +84,7 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
         todo = todo[:limit]
     tiering = Tiering(tier1=not capture_all, sample=_sample(todo, sample_passing),
                       cache_dir=str(store.root / PREPARED_DIR))
-    with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as scratch, store:
         for i, record in enumerate(run_items(engine, todo, source, candidate, str(store.bundles), options or {},
                                              workers or default_workers(), address, scratch, replay_rng,
                                              tiering), start=1):

@@ -23,6 +23,8 @@ import torch
 # runtime -> the file its `_prepare` writes in the workdir (TVM writes its library only when told where: `save`)
 CACHED_FILES = {"onnxruntime": "model.onnx", "executorch": "model.pte", "tvm": "model.so"}
 SAVED_ON_REQUEST = {"tvm"}
+DYNAMIC_RUNTIMES = {"onnxruntime"}     # exported once with symbolic dimensions for the plain runs of tier 1
+FAILED = "failed"                      # `<key>.failed`: this model has no dynamic export (the exporter's reason)
 DONE = "complete"                                # written last: a key directory without it is not used
 
 
@@ -57,6 +59,47 @@ class ArtifactCache:
                 shutil.rmtree(final, ignore_errors=True)       # a key left half-made by a killed run
                 os.replace(work, final)
         return _load(adapter, final / CACHED_FILES[runtime], model, options), made
+
+
+    def get_dynamic(self, runtime: str, model: torch.nn.Module, inputs: tuple, options: dict[str, Any],
+                    model_digest: str, make: bool = True) -> tuple[Any, bool, str | None]:
+        """(the artifact exported with symbolic input dimensions, or None; True when this call exported it;
+        why there is none). One per model and input ranks, for plain runs of items of any length; a model
+        the exporter cannot export dynamically is remembered (`FAILED`), so no worker or rerun tries again.
+        `make=False`: only one already made (or None, with no reason)."""
+        if runtime not in DYNAMIC_RUNTIMES or options.get("exporter", "dynamo") != "dynamo":
+            return None, False, f"{runtime} is exported per input shape"
+        if options.get("dynamic") is False:
+            return None, False, "dynamic=False: exported per input shape"
+        ranks = tuple(torch.empty((0,) * t.ndim, dtype=t.dtype) if isinstance(t, torch.Tensor) else t for t in inputs)
+        key = "dyn-" + artifact_key(runtime, model, ranks, {**options, "dynamic": True}, model_digest)
+        final = self.root / key
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (self.root / f"{key}.{FAILED}").exists():
+                return None, False, (self.root / f"{key}.{FAILED}").read_text()
+            made = not (final / DONE).exists()
+            if made and not make:
+                return None, False, None
+            if made:
+                from ..runtimes import get_runtime
+
+                work = self.root / f".{key}.tmp-{os.getpid()}"
+                shutil.rmtree(work, ignore_errors=True)
+                try:
+                    get_runtime(runtime).prepare(model, inputs, work, **{**options, "dynamic": True})
+                except Exception as e:  # noqa: BLE001 - no dynamic export: every shape gets its own
+                    why = f"no dynamic-shape export: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                    shutil.rmtree(work, ignore_errors=True)
+                    (self.root / f"{key}.{FAILED}").write_text(why)
+                    return None, False, why
+                (work / DONE).write_text(key)
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(work, final)
+        from ..runtimes import get_runtime
+
+        return _load(get_runtime(runtime), final / CACHED_FILES[runtime], model, options), made, None
 
 
 def artifact_key(runtime: str, model: torch.nn.Module, inputs: tuple, options: dict[str, Any],

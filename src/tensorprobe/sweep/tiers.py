@@ -48,6 +48,11 @@ class TieredWorker(SweepWorker):
         self.exported: list[str] = []            # keys this worker exported itself (the rest came from the cache)
         self._sessions: dict[int, Any] = {}
         self._digest: str | None = None
+        self._dynamic: dict[tuple, Any] = {}         # input ranks -> the dynamic-shape export (None: none)
+        self._shapes_seen: dict[tuple, set] = {}     # input ranks -> the shapes met, until a dynamic export
+        self.dynamic_refused: dict[tuple, str] = {}  # input shapes the dynamic export would not run, and why
+        self.dynamic_note: str | None = None         # why there is no dynamic export, when there is none
+        self.plain_export: str | None = None         # which export ran the latest plain run (ONNX Runtime)
 
     def run(self, name: str) -> dict[str, Any]:
         """Tier 1, then tier 2 when tier 1 does not pass (or the item is in the sample); never raises.
@@ -85,6 +90,7 @@ class TieredWorker(SweepWorker):
         inputs = self.sweep.inputs_of(name)
         with torch.inference_mode():
             ref = _arrays(self.sweep.reference(*inputs))
+        self.plain_export = None
         cand = self._plain_candidate(inputs)
         if len(ref) != len(cand) or not ref:
             return None, f"{len(ref)} reference outputs, {len(cand)} candidate outputs"
@@ -100,6 +106,11 @@ class TieredWorker(SweepWorker):
                   "output_nonfinite": first.to_dict(), "ref_nan": None, "cand_nan": None,
                   "strongest_amplifier": None, "records_compared": 0, "reasons": [], "model_properties": [],
                   "finding": False, "bundle": None}
+        if self.plain_export is not None:
+            record["tier1_export"] = self.plain_export
+            why_not = self.dynamic_refused.get(_shape_key(inputs)) or self.dynamic_note
+            if self.plain_export != "dynamic shapes" and why_not:
+                record["tier1_export_why"] = why_not     # why the dynamic export did not serve this item
         if self.sweep.sample_rate and first.reference.squeeze().ndim == 1:
             record["audio"], props = _audio_checks(first, self.sweep.sample_rate)
             if record["audio"] is None:
@@ -112,9 +123,18 @@ class TieredWorker(SweepWorker):
         if not isinstance(self.candidate, str):
             with torch.inference_mode():
                 return _arrays(self.candidate(*inputs))
-        artifact = self._prepared_for(inputs)
         if self.candidate == "onnxruntime":
-            return self._ort_outputs(artifact, inputs)
+            dynamic = self._dynamic_for(inputs)
+            if dynamic is not None:
+                try:
+                    outs = self._ort_outputs(dynamic, inputs)
+                    self.plain_export = "dynamic shapes"
+                    return outs
+                except Exception as e:  # noqa: BLE001 - a dimension the export fixed: this shape gets its own
+                    self.dynamic_refused[_shape_key(inputs)] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            self.plain_export = "this shape"
+            return self._ort_outputs(self._prepared_for(inputs), inputs)
+        artifact = self._prepared_for(inputs)
         from ..record import KIND_MODEL_OUTPUT
         from ..runtimes import get_runtime
         from ..runtimes.base import Selection
@@ -133,11 +153,42 @@ class TieredWorker(SweepWorker):
         return [np.asarray(v) for v in session.run(None, graph_feeds(artifact.model, inputs))]
 
     # ---- prepare once ---------------------------------------------------------------------------------
+    def _dynamic_for(self, inputs: tuple) -> Any:
+        """The export with symbolic dimensions that serves plain runs of every item length (None: the model
+        has none, or this shape was refused by it); exported once through the shared cache."""
+        if self.artifact is not None or self.cache is None or _shape_key(inputs) in self.dynamic_refused:
+            return None
+        ranks = tuple(t.ndim if hasattr(t, "ndim") else repr(t) for t in inputs)
+        if self._dynamic.get(ranks, "unknown") is None and self.dynamic_note is None:
+            del self._dynamic[ranks]          # none made yet: ask again (another worker may have made it)
+        if ranks not in self._dynamic:
+            if self._digest is None:
+                self._digest = model_digest(self.sweep.reference, self.source.text)
+            # a corpus of one shape needs no dynamic export (the Kokoro decoder's fails after ~40 s): make one
+            # when a second shape of these ranks comes; until then use one another worker or run has made
+            seen = self._shapes_seen.setdefault(ranks, set())
+            seen.add(_shape_key(inputs))
+            art, made, why = self.cache.get_dynamic(self.candidate, self.sweep.reference, inputs, self.options,
+                                                    self._digest, make=len(seen) > 1)
+            self._dynamic[ranks] = art
+            self.dynamic_note = why
+            if made:
+                self.exported.append("dynamic shapes")
+        art = self._dynamic[ranks]
+        if art is not None:
+            from ..runtimes.onnxruntime.export import dims_accept
+
+            refused = dims_accept(_dynamic_meta(art), [tuple(t.shape) for t in inputs if hasattr(t, "shape")])
+            if refused is not None:       # outside the export's guards: the graph may do something else there
+                self.dynamic_refused[_shape_key(inputs)] = refused
+                return None
+        return art
+
     def _prepared_for(self, inputs: tuple) -> Any:
         """The runtime artifact for these input shapes: from the shared cache where the runtime has one."""
         if self.artifact is not None or self.cache is None or not ArtifactCache.supports(self.candidate):
             return super()._prepared_for(inputs)
-        key = tuple(tuple(t.shape) if hasattr(t, "shape") else repr(t) for t in inputs)
+        key = _shape_key(inputs)
         if key not in self._prepared:
             if self._digest is None:
                 self._digest = model_digest(self.sweep.reference, self.source.text)
@@ -153,6 +204,19 @@ class TieredWorker(SweepWorker):
 
 
 PCM16_HALF_STEP = 0.5 / 32768     # outputs closer than this everywhere are the same 16-bit WAV, give or take a step
+
+
+def _dynamic_meta(artifact: Any) -> dict[str, Any]:
+    import json
+
+    from ..runtimes.onnxruntime.export import DYNAMIC_DIMS_KEY
+
+    entry = next((p.value for p in artifact.model.metadata_props if p.key == DYNAMIC_DIMS_KEY), None)
+    return json.loads(entry) if entry else {}
+
+
+def _shape_key(inputs: tuple) -> tuple:
+    return tuple(tuple(t.shape) if hasattr(t, "shape") else repr(t) for t in inputs)
 
 
 def _audio_checks(out: "_Judged", sample_rate: float) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:

@@ -45,6 +45,8 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         max_bytes: memory for outputs held at once: the run is cut into segments whose outputs fit
             min(max_bytes, 256 MiB) (default max_bytes: a third of available memory).
         threads: ONNX Runtime intra-op threads (default: ORT's choice).
+        dynamic: export with every input dimension symbolic where the model allows (one file for inputs of
+            any length; a sweep's plain runs use it). Captures name tuple outputs by the export's shapes.
     """
 
     name = "onnxruntime"
@@ -58,9 +60,9 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
     # ---- hooks ------------------------------------------------------------------------------------
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, exporter: str = "dynamo",
                  opset: int | None = None, rules: Any = None, max_bytes: int | None = None,
-                 threads: int | None = None) -> OnnxArtifact:
+                 threads: int | None = None, dynamic: bool = False) -> OnnxArtifact:
         path = workdir / "model.onnx"
-        export_onnx(model, inputs, path, exporter=exporter, opset=opset)
+        export_onnx(model, inputs, path, exporter=exporter, opset=opset, dynamic=dynamic)
         art = self._load(path, rules=rules, exporter=exporter, max_bytes=max_bytes, threads=threads)
         art.state_names = frozenset(model.state_dict())   # which one-element initializers are weights
         return art

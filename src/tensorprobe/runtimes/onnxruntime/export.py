@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import json
 import re
 import warnings
 from dataclasses import dataclass
@@ -23,11 +24,14 @@ EXPORTERS = ("dynamo", "legacy")
 
 
 def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: str = "dynamo",
-                opset: int | None = None) -> Path:
+                opset: int | None = None, dynamic: bool = False) -> Path:
     """Export `model` to `path` with module scopes kept on every node.
 
     With the dynamo exporter each node is stamped with its module path and call index
-    (`tensorprobe.scope`), taken from the ExportedProgram's `nn_module_stack`.
+    (`tensorprobe.scope`), taken from the ExportedProgram's `nn_module_stack`. `dynamic=True` (dynamo only)
+    leaves every input dimension symbolic where the model allows (`torch.export.Dim.AUTO`: a dimension the
+    code specializes stays fixed), so one file runs inputs of other lengths; the module-output shapes
+    stamped for naming are those of `inputs`, so a dynamic export is for plain runs (a sweep's tier 1).
 
     Example:
         >>> export_onnx(model, (x,), Path("m.onnx"), exporter="dynamo")    # doctest: +SKIP
@@ -44,10 +48,18 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     try:
         with contextlib.redirect_stdout(sink), warnings.catch_warnings(), torch.no_grad(), _exporter_logs_quiet():
             warnings.simplefilter("ignore")
+            if dynamic and exporter != "dynamo":
+                raise InputError("dynamic=True needs the dynamo exporter")
+            if dynamic:
+                kw["dynamic_shapes"] = tuple({d: torch.export.Dim.AUTO for d in range(t.ndim)}
+                                             if isinstance(t, torch.Tensor) else None for t in inputs)
             if exporter == "dynamo":
                 prog = torch.onnx.export(model, tuple(inputs), dynamo=True, input_names=names, verbose=False, **kw)
                 proto = prog.model_proto
                 _stamp_scopes(proto, prog.exported_program, model, outputs, tuple(inputs))
+                if dynamic:
+                    entry = proto.metadata_props.add()
+                    entry.key, entry.value = DYNAMIC_DIMS_KEY, json.dumps(dynamic_dims(prog.exported_program))
                 save_model(proto, path)
             else:
                 torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, input_names=names, **kw)
@@ -59,6 +71,62 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
         raise TargetError(f"torch.onnx.export ({exporter} exporter) failed: {export_failure(e)}. "
                           f"Try exporter={other!r}, or export the model yourself and capture the .onnx file") from None
     return path
+
+
+DYNAMIC_DIMS_KEY = "tensorprobe.dynamic_dims"    # what input shapes a dynamic export is valid for
+
+
+def dynamic_dims(ep: Any) -> dict[str, Any]:
+    """Each user input's dimensions as the export left them (`"4"` fixed, `"s53"` symbolic, `"2*s53"`
+    derived) and each symbol's range. The range is the export's guard: code that branches on a length
+    (`if x.shape[-1] > 250`) is baked into the graph for one side of the branch and bounds the symbol
+    (`s53 <= 250`); ONNX keeps no such guard, so `dims_accept` checks it before a run."""
+    users = set(ep.graph_signature.user_inputs)
+    dims = [[str(d.node.expr) if isinstance(d, torch.SymInt) else str(int(d)) for d in n.meta["val"].shape]
+            for n in ep.graph.nodes if n.op == "placeholder" and n.name in users and "val" in n.meta
+            and hasattr(n.meta["val"], "shape")]
+    ranges = {}
+    for sym, vr in ep.range_constraints.items():
+        unbounded = str(vr.upper) in ("int_oo", "oo")       # torch's int_oo says is_finite
+        ranges[str(sym)] = [int(vr.lower), None if unbounded else int(vr.upper)]
+    return {"dims": dims, "ranges": ranges}
+
+
+def dims_accept(meta: dict[str, Any], shapes: list[tuple[int, ...]]) -> str | None:
+    """None when inputs of `shapes` are within what the dynamic export was made for (`dynamic_dims`); else
+    why not, e.g. 's53 = 285 is outside [0, 250]: the model's code depends on this size'.
+
+        >>> dims_accept({"dims": [["1", "s0"], ["2*s0"]], "ranges": {"s0": [2, 250]}}, [(1, 100), (200,)]) is None
+        True
+        >>> dims_accept({"dims": [["1", "s0"]], "ranges": {"s0": [2, 250]}}, [(1, 285)])
+        's0 = 285 is outside [2, 250]: the export fixed what the model does beyond it'
+    """
+    import sympy
+
+    dims = meta.get("dims", [])
+    if len(dims) != len(shapes) or any(len(d) != len(s) for d, s in zip(dims, shapes)):
+        return "the inputs' ranks differ from the export's"
+    values: dict[str, int] = {}
+    for d, s in zip(dims, shapes):
+        for expr, size in zip(d, s):
+            if expr.isdigit() and int(expr) != size:
+                return f"a dimension the export fixed at {expr} is {size}"
+            if expr.isidentifier():
+                if values.setdefault(expr, size) != size:
+                    return f"{expr} is {values[expr]} and {size} in one call"
+    for name, (lo, hi) in meta.get("ranges", {}).items():
+        v = values.get(name)
+        if v is not None and (v < lo or (hi is not None and v > hi)):
+            return f"{name} = {v} is outside [{lo}, {hi if hi is not None else '∞'}]: the export fixed what the model does beyond it"
+    for d, s in zip(dims, shapes):
+        for expr, size in zip(d, s):
+            if not (expr.isdigit() or expr.isidentifier()):
+                free = sympy.sympify(expr)
+                if free.free_symbols - {sympy.Symbol(k) for k in values}:
+                    return f"cannot evaluate {expr}"
+                if int(free.subs({sympy.Symbol(k): v for k, v in values.items()})) != size:
+                    return f"a dimension the export derives as {expr} is {size}"
+    return None
 
 
 def forward_outputs(model: torch.nn.Module, inputs: tuple) -> "ModuleOutputs":
