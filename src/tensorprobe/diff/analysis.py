@@ -49,6 +49,9 @@ _DATA_CONDITIONED = frozenset({"norm", "sin", "exp", "log", "div", "angle", "sof
 _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 
 
+# module and op names of recurrent cells (LSTM, GRU, RNN, fused or not): see _own_within_floor
+_RECURRENT_CELL = re.compile(r"(LSTM|GRU|RNN|lstm|gru|rnn_tanh|rnn_relu)")
+
 def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairResult],
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
                  notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None,
@@ -597,6 +600,12 @@ def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[
         return p
     if family(rec.op) == "norm":
         return p  # a normalisation's conditioning is per channel: tensor-level statistics underestimate it
+    if _RECURRENT_CELL.search(rec.op):
+        # A recurrent cell's record holds gate matmuls and squashing gates whose own rounding is not modelled
+        # (its rounding here is one op's): on Silero VAD's LSTMCell (inputs of rms 513 into the gates) ONNX
+        # Runtime's faithful export differs by 2.6e-6, 44 units, inside the floor 4.7e-6, and was called
+        # "its own" error. Its floor still judges it: a gate bug is far beyond it.
+        return p
     if not rec.op.startswith("module:") and p.input_name not in rec.inputs:
         return p  # ops the candidate has no record of ran in between: their rounding is not this op's
     ins = [by_name[i] for i in rec.inputs if i in by_name]
