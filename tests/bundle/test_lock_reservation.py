@@ -1,9 +1,9 @@
 """A capture owns its output directory from the start, not from when its writer opens (issue 33 item 3).
 
 The writer's lock was taken when the bundle writer opened, after the model was loaded and, for a runtime
-capture, exported. Measured: `capture tensorprobe.examples.kokoro:export_decoder --runtime onnxruntime -o d`
-exports for ~50 s; a `capture tensorprobe.examples.crepe:tiny --runtime onnxruntime -o d` started 20 s in wrote
-`d`, exited 0, and was replaced when the first one's writer opened (exit 0 too): the quiet answer the issue
+capture, exported. Measured with the code before the fix: an ONNX Runtime capture of the Silero VAD behind a
+factory that loads for 6 s, and a CREPE capture into the same directory started during that load: the second
+wrote the directory and exited 0, then the first replaced it and exited 0 too: the quiet answer the issue
 names. Now the CLI takes the lock before the target loads (`bundle.lock.reserve`) and its writer takes it over.
 
 Real ports: the Silero-like VAD run by ONNX Runtime behind a factory that takes a few seconds to load (as a
@@ -87,3 +87,18 @@ def test_a_directory_that_is_not_a_bundle_is_refused_and_left_untouched(tmp_path
     out, err = p.communicate(timeout=300)
     assert p.returncode == 2 and "not a tensorprobe bundle" in err
     assert sorted(x.name for x in (tmp_path / "src").iterdir()) == ["keep.txt"]
+
+
+def test_a_second_compare_into_the_same_out_during_the_first_one_s_load_is_refused(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW)
+    first = _cli(tmp_path, "compare", "slow.py:build", "--runtime", "onnxruntime", "-o", "cmp")
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "loading").exists():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.05)
+    second = _cli(tmp_path, "compare", "slow.py:build", "--runtime", "onnxruntime", "-o", "cmp")
+    out2, err2 = second.communicate(timeout=300)
+    out1, err1 = first.communicate(timeout=300)
+    assert second.returncode == 2 and "another capture" in err2 and err2.strip().count("\n") == 0, (out2, err2)
+    assert first.returncode == 0, err1
+    assert Bundle.open(tmp_path / "cmp" / "ref").complete and Bundle.open(tmp_path / "cmp" / "onnxruntime").complete

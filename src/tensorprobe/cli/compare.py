@@ -40,9 +40,22 @@ def compare_cmd(
     from ..compare import compare
     from ..targets import load_target
 
+    from ..bundle.lock import release_reservation, reserve
+
+    # OUT's two bundles are this run's from now on, not from when their writers open after the export (as
+    # `capture` does): a second compare into OUT started meanwhile is refused instead of mixing bundles
+    reserved: list[Path] = []
+    made_out = out is not None and not out.exists()
     try:
         opts = parse_options(option)
         opts.update({k: v for k, v in {"exporter": exporter, "rules": str(rules) if rules else None}.items() if v})
+        if out is not None:
+            from ..capture import check_output_dir
+
+            for d in (out / "ref", out / runtime):
+                check_output_dir(d)
+                reserve(d)
+                reserved.append(d)
         tgt = load_target(target)
         if tgt.kwargs:
             fail(f"TARGET {target!r} returns keyword inputs; compare needs positional inputs")
@@ -52,6 +65,11 @@ def compare_cmd(
                           progress=lambda text: advance(1, escape(text)))
     except TensorprobeError as e:
         fail(str(e))
+    finally:
+        for d in reserved:
+            release_reservation(d)
+        if made_out and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()     # a run that failed before writing leaves no OUT behind
     code = EXIT_FINDING if res.finding else EXIT_OK
     if json_out:
         emit_json("compare", "finding" if res.finding else "ok", {"compare": res.to_dict()})
