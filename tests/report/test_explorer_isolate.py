@@ -155,3 +155,54 @@ def test_a_graph_that_is_not_onnx_is_one_line(tmp_path):
                        timeout=300, cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "ONNX" in r.stderr
+
+
+@pytest.mark.browser
+def test_model_explorer_draws_the_isolate_overlay_on_the_exported_program(tmp_path):
+    """End to end: `tensorprobe explore OUT/candidate.pt2 --data OUT` (Model Explorer's own exported-program
+    adapter, offline) and headless chromium: the graph loads, the isolate findings are the overlay shown, conv2's
+    node is listed as first wrong on its own and a node is drawn in its colour."""
+    import shutil
+
+    if not shutil.which("chromium"):
+        pytest.skip("needs Debian's chromium (apt-get install -y chromium)")
+    pytest.importorskip("model_explorer", reason="needs the explorer extra: pip install 'tensorprobe[explorer]'")
+    pytest.importorskip("aiohttp")
+    pytest.importorskip("torchcrepe", reason="the screenshot helper lives in test_explorer (CREPE's test extra)")
+    import re
+    import time
+
+    import matplotlib.image
+    import numpy as np
+    import portpicker
+
+    from tensorprobe.examples import silero
+
+    from .test_explorer import _cdp_screenshot
+
+    ref, inputs = silero.pytorch_port()
+    cand, _ = silero.pytorch_port()
+    with torch.no_grad():
+        cand.conv2.weight.copy_(cand.conv2.weight.flip(-1))
+    written = write_isolate_node_data(tp.isolate(ref, cand, *inputs), tmp_path / "me", model=cand, args=inputs)
+    port = portpicker.pick_unused_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorprobe", "explore", str(written["graph"]), "--data",
+                               str(tmp_path / "me"), "--no-browser", "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        t0 = time.time()
+        while url is None and time.time() - t0 < 120:
+            line = server.stdout.readline()
+            url = line.strip() if line.startswith("http://") else None
+        assert url
+        text = _cdp_screenshot(url, tmp_path / "me.png", 40, "document.body.innerText")
+    finally:
+        server.terminate()
+        server.wait(10)
+    (tmp_path / "page.txt").write_text(text)
+    assert "tensorprobe isolate: findings" in text, text[:2000]
+    assert re.search(r"conv1d_2\b.*first wrong on its own \(conv2\)", text) or \
+        re.search(r"first wrong on its own \(conv2\)", text), text[:3000]
+    img = (matplotlib.image.imread(tmp_path / "me.png")[..., :3] * 255).round().astype(int)
+    assert np.all(img[:, :1200] == (183, 28, 28), axis=-1).sum() > 20      # the first divergence's #b71c1c
