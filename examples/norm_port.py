@@ -67,3 +67,22 @@ def onepass():
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     return OnePass().eval(), (30 + 0.01 * torch.randn(1, 8, 4000, generator=g),)
+
+
+class LoneNorm(nn.Module):
+    """An InstanceNorm1d(16) and a convolution that spreads any NaN channel over every channel."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.InstanceNorm1d(C)
+        self.conv = nn.Conv1d(C, C, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.norm(x))
+
+
+def lone_norm():
+    """The instance norm alone on the channels of mean 100 (docs/guide-runtimes.md): TVM and ExecuTorch, which
+    compute its variance in one pass, make some channels NaN; ONNX Runtime and PyTorch do not."""
+    torch.manual_seed(0)
+    return LoneNorm().eval(), (_mean100(),)
