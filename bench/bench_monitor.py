@@ -7,8 +7,9 @@ input, and of the small mel predictor (examples.training). Modes, interleaved st
 machine load cancels out: plain; the monitor with loss and gradient statistics only (no optimizer given: no
 update ratios); with the optimizer and the update ratio measured every step (a copy of the weights into reused
 buffers around each step, the default); sampled (`updates.every = 10`; the bench skips the
-monitor's 20-step warm-up, during which every step is measured, to show the steady state); and with module
-outputs watched as well. Reported per mode: `_x`, the median over steps of the step time / the plain step's
+monitor's 20-step warm-up, during which every step is measured, to show the steady state); with module
+outputs watched as well; and with both the update ratios and the watched outputs sampled
+(`output_stats.every = 10`). Reported per mode: `_x`, the median over steps of the step time / the plain step's
 (what a typical step costs), and `_mean_x`, total time / the plain total (the amortised cost: a sampled
 step's copy counts in it).
 """
@@ -55,10 +56,13 @@ def run(label: str, factory, steps: int) -> dict:
                 "grads": Monitor(model, None, root / "grads"),
                 "grads+updates_every_step": Monitor(model, opt, root / "every"),
                 "grads+updates": Monitor(model, opt, root / "updates"),
-                "grads+updates+outputs": Monitor(model, opt, root / "outputs", watch=watch)}
+                "grads+updates+outputs": Monitor(model, opt, root / "outputs", watch=watch),
+                "grads+updates+outputs_sampled": Monitor(model, opt, root / "sampled", watch=watch)}
     monitors["grads+updates"].updates.every = 10
+    monitors["grads+updates+outputs_sampled"].updates.every = 10
+    monitors["grads+updates+outputs_sampled"].output_stats.every = 10
     for m in list(monitors.values())[1:]:
-        m.updates.warmup = 0
+        m.updates.warmup = m.output_stats.warmup = 0
     for m in monitors.values():     # each monitor's hooks are active only in its own steps
         if m is not None:
             m.pause()

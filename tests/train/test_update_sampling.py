@@ -54,3 +54,28 @@ def test_the_buffers_are_reused_not_reallocated(tmp_path):
         seen.add(tuple(b.data_ptr() for b in mon.updates._buffers))
     mon.close()
     assert len(seen) == 1
+
+
+def test_sampled_output_statistics_are_exact_where_measured_and_absent_between(tmp_path):
+    """`output_stats.every`: a watched module's output is reduced on every step of the warm-up, then every
+    k-th; where measured its std is the output's own (checked by a hook of the test), between there is none."""
+    model = MelPredictor()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon = Monitor(model, opt, run_dir=tmp_path / "run", watch=["encoder"])
+    mon.output_stats.every, mon.output_stats.warmup = 6, 3
+    seen = {}
+    model.encoder.register_forward_hook(lambda mod, a, out: seen.__setitem__(len(seen), float(out.detach().std())))
+    for k in range(20):
+        inputs, target = _data(k)
+        loss = F.mse_loss(model(*inputs), target)
+        opt.zero_grad()
+        loss.backward()
+        mon.step(loss)
+        opt.step()
+    mon.close()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    measured = {r["step"]: r["out_std/encoder"] for r in rows if "out_std/encoder" in r}
+    assert sorted(measured) == [0, 1, 2, 6, 12, 18]
+    for k, v in measured.items():
+        assert abs(v - seen[k]) <= 1e-5 * seen[k], (k, v, seen[k])
+    assert len(rows) == 20

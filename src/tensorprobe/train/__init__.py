@@ -2,8 +2,13 @@
 
 - `monitor`  `Monitor(model, optimizer, run_dir=...)`: per-step loss terms, gradient statistics, update
              ratios and watched outputs, streamed to RUN; findings with the step and the layer
-- `detect`   the detectors: non-finite, exploding and vanishing gradients, loss plateaus, output collapse,
-             frozen weights, skipped optimizer steps
+- `detect`   the detectors: non-finite, exploding and vanishing gradients (against the layer's own history
+             and across layers from step 0), exploding update ratios (absolute bound and cross-layer),
+             dead layers (gradients exactly zero), loss plateaus and trends, output collapse (against
+             its own history and against the targets' spread, loss at the targets' mean), frozen
+             weights, skipped optimizer steps (judged against a GradScaler's normal back-off rate)
+- `updates`  the weights around `optimizer.step()` in reused buffers, and step sampling (`Sampling`) for
+             update ratios (`monitor.updates.every`) and watched outputs (`monitor.output_stats.every`)
 - `run`      the run directory's files (`steps.jsonl`, `findings.jsonl`, `meta.json`)
 - `report`   `summarize(RUN)`: what `tensorprobe train report RUN` prints and draws
 - `ranges`   `record_ranges` over training batches, `check_ranges` of inference runs against them: the

@@ -12,7 +12,7 @@ Each step costs two reading passes over each gradient (its L2 norm and `aminmax`
 hook as the backward makes it, before any clipping) and one device-to-host copy of all the figures; with an
 optimizer, the update ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`: into buffers
 reused from step to step (every step; `monitor.updates.every = 10` samples them). Watched modules add
-four reductions of their output per forward.
+four reductions of their output per forward (`monitor.output_stats.every = 10` samples them likewise).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from .detect import (CROSS_LAYER, CROSS_LAYER_GRAD, UPDATE_BOUND, CrossLayer, Da
                      FrozenWeights, GradientHistory, Jumps, LossPlateau, LossTrend, OutputCollapse, SkippedSteps,
                      finding)
 from .run import RunWriter, as_float, read_findings, read_rows
-from .updates import WeightSnapshot
+from .updates import Sampling, WeightSnapshot
 
 
 def _scaled_loss(loss_fn: Callable, scale: float) -> Callable:
@@ -117,6 +117,9 @@ class Monitor:
         # the weights before an optimizer step, in reused buffers; sampled with `updates.every` (after
         # `updates.warmup` steps measured one by one): |Δw| is exact where measured, absent between
         self.updates = WeightSnapshot()
+        # watched outputs' statistics (four reductions per watched module per forward), sampled the same way:
+        # `output_stats.every = 10` reduces them on every step of the first `warmup`, then every 10th
+        self.output_stats = Sampling()
         self._before: list[torch.Tensor] | None = None
         self._ratios: dict[str, float] | None = None
         self._stepped = False
@@ -284,6 +287,8 @@ class Monitor:
 
     def _output_hook(self, name: str):
         def hook(module, args, output):
+            if not self.output_stats.sampled(self.step_index):
+                return
             t = output[0] if isinstance(output, (tuple, list)) else output
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
                 x = t.detach().float()

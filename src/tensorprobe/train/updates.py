@@ -22,15 +22,26 @@ UPDATE_EVERY = 1        # after the warm-up, measured every this many steps (10:
 UPDATE_WARMUP = 20      # steps measured one by one at the start
 
 
-class WeightSnapshot:
-    """`take(step, params)`: the weights copied into reused buffers on a sampled step, else None."""
+class Sampling:
+    """Which steps are measured: every step of the first `warmup`, then every `every`-th.
+
+        >>> s = Sampling(every=10, warmup=2); [k for k in range(35) if s.sampled(k)]
+        [0, 1, 10, 20, 30]
+    """
 
     def __init__(self, every: int = UPDATE_EVERY, warmup: int = UPDATE_WARMUP):
         self.every, self.warmup = max(1, int(every)), max(0, int(warmup))
-        self._buffers: list[torch.Tensor] | None = None
 
     def sampled(self, step: int) -> bool:
         return step < self.warmup or step % self.every == 0
+
+
+class WeightSnapshot(Sampling):
+    """`take(step, params)`: the weights copied into reused buffers on a sampled step, else None."""
+
+    def __init__(self, every: int = UPDATE_EVERY, warmup: int = UPDATE_WARMUP):
+        super().__init__(every, warmup)
+        self._buffers: list[torch.Tensor] | None = None
 
     def take(self, step: int, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
         if not self.sampled(step):
