@@ -256,3 +256,22 @@ def test_items_of_varying_length_share_one_dynamic_export_where_the_model_allows
     assert all("outside [" in latest[n]["tier1_export_why"] for n in per_shape)
     assert all(inputs_length(n) > 250 for n in per_shape)
     assert len([p for p in (out / "prepared").iterdir() if p.is_dir()]) == 1 + len(per_shape) + 1   # + len00's
+
+
+def test_results_of_another_sweep_an_empty_sweep_and_a_wrong_candidate_are_refused(sweep_file, tmp_path):
+    """A rerun into RESULTS must be the same sweep (its old lines would be read as this one's); a Sweep with
+    no items checks nothing; a --cand factory that returns no module is said once, by the driver."""
+    from tensorprobe.errors import InputError, TargetError
+
+    out = tmp_path / "r"
+    sweep(f"{sweep_file}:plain", out, workers=1, limit=2)
+    sweep(f"{sweep_file}:plain", out, workers=1, limit=1)                   # the same sweep resumes
+    with pytest.raises(InputError, match="holds the results of another sweep .*cand was None"):
+        sweep(f"{sweep_file}:plain", out, workers=1, cand=f"{sweep_file}:port")
+    assert len(ResultStore(out).read()) == 3                               # nothing was run or written
+    (tmp_path / "empty.py").write_text(SWEEP_FILE + "\ndef empty():\n    return Sweep(Net().eval(), {})\n")
+    with pytest.raises(InputError, match="no items"):
+        sweep(f"{tmp_path / 'empty.py'}:empty", tmp_path / "e", workers=1)
+    (tmp_path / "wrong.py").write_text(SWEEP_FILE + "\ndef tensor():\n    return torch.zeros(3)\n")
+    with pytest.raises(TargetError, match="must return a torch.nn.Module"):
+        sweep(f"{sweep_file}:plain", tmp_path / "w", workers=1, cand=f"{tmp_path / 'wrong.py'}:tensor")

@@ -76,8 +76,14 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
 
         get_runtime(candidate.runtime).require()      # an unknown or missing runtime fails before any item runs
     source = TargetSource.of(target)
+    loaded = source.load()
+    names = loaded.names
+    if not names:
+        raise InputError(f"sweep {target!r}: the Sweep has no items; nothing would be checked")
+    if candidate.factory is not None:
+        candidate.build(loaded)      # a factory that does not return a module: one line here, not in every worker
     store = ResultStore(out)
-    names = source.load().names
+    store.claim(_identity(target, cand, runtime, options, replay_rng))
     done = store.done()
     todo = [n for n in names if n not in done]
     if limit is not None:
@@ -98,6 +104,21 @@ def sweep(target: str, out: str | os.PathLike, *, runtime: str | None = None, ca
 
     write_sweep_html(store.root / "report.html", summary, [latest[n] for n in names if n in latest], target)
     return summary
+
+
+def _identity(target: str, cand: str | None, runtime: str | None, options: dict[str, Any] | None,
+              replay_rng: bool | None) -> dict[str, Any]:
+    """What makes a sweep's results: a rerun into RESULTS must be the same sweep, or its old lines would
+    be reported as this one's (files by absolute path: the same file from another directory is the same)."""
+    def where(spec: str | None) -> str | None:
+        if spec is None:
+            return None
+        file, sep, factory = spec.rpartition(":")
+        path = file if sep else spec
+        resolved = str(Path(path).resolve()) if Path(path).is_file() else path
+        return f"{resolved}{sep}{factory}" if sep else resolved
+    return {"target": where(target), "cand": where(cand), "runtime": runtime,
+            "options": json.loads(json.dumps(options or {}, default=str)), "replay_rng": replay_rng}
 
 
 def _sample(names: list[str], n: int) -> frozenset:

@@ -103,6 +103,7 @@ class SweepWorker:
 
         out = output_pair(Bundle.open(ref_path), module_view(Bundle.open(cand_path)), report)
         record = _record(name, report, ref_nan, cand_nan, out)
+        _draw_first(record, ref_path, cand_path)
         agree = outputs_agree(report, out)
         judged = None
         if self.sweep.sample_rate and out is not None and out.reference.squeeze().ndim == 1:
@@ -131,7 +132,8 @@ class SweepWorker:
         # the draws, which says nothing about the port (the runtime path replays only with replay_rng)
         cand = capture(self.candidate, *inputs, level="module", keep="full", out=root / "cand",
                        replay_rng=ref if _draws(ref) else None)
-        return diff(ref, cand), find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand), ref.path, cand.path
+        report = diff(ref, cand, rules=wrapper_rules(self.sweep.reference, self.candidate))
+        return report, find_nonfinite_in_bundle(ref), find_nonfinite_in_bundle(cand), ref.path, cand.path
 
     def _prepared_for(self, inputs: tuple) -> Any:
         from ..runtimes import get_runtime
@@ -146,6 +148,34 @@ class SweepWorker:
             where = self._workdir / str(len(self._prepared))
             self._prepared[key] = adapter.prepare(self.sweep.reference, inputs, where, **self.options)
         return self._prepared[key]
+
+
+def wrapper_rules(reference: Any, candidate: Any) -> list[str] | None:
+    r"""Mapping rules for a PyTorch candidate that wraps a model shaped like the reference (an fp16 port that
+    casts its inputs: `self.m = ref.half()`; a guard around the model): the wrapped model's module names under
+    its attribute path (`m.decode.0`) are the reference's (`decode.0`). None when the names already match, or
+    no submodule has exactly the reference's module names.
+
+        >>> import torch.nn as nn
+        >>> class Half(nn.Module):
+        ...     def __init__(self, m):
+        ...         super().__init__(); self.m = m
+        >>> ref = nn.Sequential(nn.Conv1d(1, 2, 3), nn.ReLU())
+        >>> print(*wrapper_rules(ref, Half(nn.Sequential(nn.Conv1d(1, 2, 3), nn.ReLU()))))
+        m\.(.+)=\1
+    """
+    import re
+
+    def tree(m: Any) -> set[str]:        # names only: a port replaces classes (a faulty norm) but keeps paths
+        return {n for n, _ in m.named_modules() if n}
+
+    want = tree(reference)
+    if not want or want <= tree(candidate):
+        return None
+    for path, mod in candidate.named_modules():
+        if path and tree(mod) == want:
+            return [f"{re.escape(path)}\\.(.+)=\\1"]
+    return None
 
 
 def keep_statistics_only(bundle_dir: Path) -> None:
@@ -241,6 +271,32 @@ def _tts_record(name: str, audio: Any, report: Any) -> dict[str, Any]:
             "first_bad_stage": report.first_bad_stage, "first_divergence": None,
             "problems": [f"{f.stage}.{f.check}" for f in report.findings if f.severity != "info"],
             "audio_samples": None if audio is None else int(getattr(audio, "size", len(audio)))}
+
+
+def _draw_first(record: dict[str, Any], ref_path: Path, cand_path: Path) -> None:
+    """A port that draws its own noise in the model's own forward (`<root>/randn_like.0`, ONNX Runtime's
+    RandomNormalLike) and adds it before a submodule: no record holds the sum, so the first submodule reading
+    it looks like the port's own error (cause own). When a draw the candidate did not replay differs (cause
+    random) before the first divergence, in that module's own code or an ancestor's, the divergence is the
+    draw's: the item is not comparable value by value (`random_draws`), as for a draw inside a submodule."""
+    from ..bundle import Bundle
+    from ..diff import diff
+    from ..record import KIND_RNG, TAG_REPLAYED
+
+    if record["verdict"] != "diverged" or record.get("cause") == CAUSE_RANDOM or not record["first_divergence"]:
+        return
+    cand = Bundle.open(cand_path)
+    if not any(r.kind == KIND_RNG and TAG_REPLAYED not in r.tags for r in cand.records):
+        return
+    plain = diff(Bundle.open(ref_path), cand)
+    first = plain.get(record["first_divergence"])
+    if first is None:
+        return
+    draw = next((p for p in plain.pairs if p.kind == KIND_RNG and p.cause == CAUSE_RANDOM and p.order < first.order
+                 and (p.module == "" or first.module == p.module or first.module.startswith(f"{p.module}."))), None)
+    if draw is not None:
+        record["module_view_first_divergence"] = (record["first_divergence"], record["cause"])
+        record["first_divergence"], record["cause"] = draw.name, CAUSE_RANDOM
 
 
 def _explained_divergence(record: dict[str, Any], reasons: list[tuple[str, str]], properties: list[tuple[str, str]],

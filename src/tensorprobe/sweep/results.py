@@ -18,6 +18,7 @@ from .item import REPLAY_ADVICE, STATUS_DONE, STATUS_FAILED, VERDICT_RANDOM
 ITEMS_FILE = "items.jsonl"
 
 
+IDENTITY_FILE = "sweep.json"   # what the sweep in RESULTS ran (target, candidate, runtime, options)
 GROUP_COMMIT_S = 0.5     # at most this long between fsyncs of items.jsonl while a sweep writes it
 
 
@@ -56,6 +57,30 @@ class ResultStore:
                 if isinstance(rec, dict) and "item" in rec:
                     latest[str(rec["item"])] = rec
         return latest
+
+    def claim(self, identity: dict[str, Any]) -> None:
+        """Make RESULTS this sweep's: a new directory records `identity` (sweep.json); a rerun must match it,
+        else InputError (the old lines would be read as this sweep's results)."""
+        from ..errors import InputError
+
+        path = self.root / IDENTITY_FILE
+        if path.exists():
+            try:
+                before = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                before = None
+            if before != identity:
+                diff = ", ".join(f"{k} was {before.get(k)!r}" for k in identity
+                                 if isinstance(before, dict) and before.get(k) != identity[k]) or "unreadable"
+                raise InputError(f"{self.root} holds the results of another sweep ({diff}): resume only the same "
+                                 f"sweep there; use another directory, or delete this one to start again")
+            return
+        if self.path.exists() and self.path.stat().st_size:
+            raise InputError(f"{self.root} holds items.jsonl from a sweep that did not record what it ran (older "
+                             f"tensorprobe): use another directory, or delete this one to start again")
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(identity, indent=1))
+        os.replace(tmp, path)
 
     def done(self) -> set[str]:
         return {k for k, r in self.read().items() if r.get("status") == STATUS_DONE}
