@@ -648,6 +648,12 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     if rec is not None and not ins and family(rec.op) in _DATA_CONDITIONED:
         gain = HUGE_GAIN   # its input came through code no record shows: its conditioning is unknown
     local = (p.rounding or 0.0) * LOCAL_UNITS * _reduction_rounding(rec)
+    if rec is not None and rec.op.startswith("module:") and p.floor is not None and _inside_unpaired(rec, done, by_name):
+        # A module's own rounding is everything modelled inside its call, cancellations the floor refuses unless
+        # measured (Silero's LSTM gates: x4,600) among it. With nothing inside compared (a wrapper renamed every
+        # module: none paired), no measurement backs it, and an error beyond the floor cannot be called rounding
+        # it amplifies: a port's clamp after conv1 read "amplified" rounding noise at the model's output.
+        local = min(local, p.floor)
     # Inputs that already differ by more than INPUTS_DIFFER carry other data: nothing downstream of them can
     # be told apart from what they bring (a record whose reference is ~0 would otherwise "own" a huge error).
     if e is None and src is not None and src.failed and nonfinite_differs(src):
@@ -674,6 +680,23 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     if src.cause == CAUSE_RANDOM:
         return replace(p, cause=CAUSE_RANDOM, origin=src.origin)
     return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)
+
+
+def _inside_unpaired(rec: Record, done: Mapping[str, PairResult], by_name: Mapping[str, Record]) -> bool:
+    """Does the reference hold forward records made inside `rec`'s module call (its own ops, its submodules'
+    outputs), none of them compared? (A leaf module captured at module level has none: not this case.)"""
+    m = rec.module or ""
+    inside = False
+    for r in by_name.values():
+        if r.name == rec.name or r.kind in (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, *WEIGHT_KINDS) or r.order > rec.order:
+            continue
+        rm = r.module or ""
+        if (rm == m and not r.op.startswith("module:")) or (rm.startswith(m + ".") if m else rm != ""):
+            q = done.get(r.name)
+            if q is not None and q.compared:
+                return False
+            inside = True
+    return inside
 
 
 def nonfinite_differs(p: PairResult) -> bool:
