@@ -591,7 +591,7 @@ def test_compare_cli_passes_runtime_options_and_rejects_unknown_ones_before_runn
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [
         "error: runtime 'onnxruntime' does not take option(s) random; it takes exporter, opset, rules, "
-        "max_bytes, threads"]
+        "max_bytes, threads, dynamic"]
     assert not (tmp_path / "cmp").exists()
 
 
