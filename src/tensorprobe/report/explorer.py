@@ -472,31 +472,12 @@ def sweep_node_data(results: str | os.PathLike, *, graph: str | os.PathLike | No
 
 # ---- isolate: each module call's own error, on the candidate's graph ----------------------------------------
 def _module_chains_exported(ep: Any, model: Any = None) -> dict[str, list[tuple[str, int]]]:
-    """fx node name -> its module chain [(module path, call index), ...], outermost first, as tensorprobe's ONNX
-    export stamps it (`tensorprobe.scope`): paths canonical (a shared module keeps its first name), a call index
-    per distinct `nn_module_stack` entry of the module (`act`, `act@1`: its first and second call)."""
-    alias: dict[str, str] = {}
-    if model is not None:
-        canonical: dict[int, str] = {}
-        for path, mod in model.named_modules(remove_duplicate=False):
-            alias[path] = canonical.setdefault(id(mod), path)
-    instances: dict[tuple[str, str], int] = {}
-    calls: dict[str, int] = {}
-    chains: dict[str, list[tuple[str, int]]] = {}
-    for node in ep.graph.nodes:
-        chain = []
-        for key, val in (node.meta.get("nn_module_stack") or {}).items():
-            path = val[0] if isinstance(val, tuple) else ""
-            if not path:
-                continue
-            canon = alias.get(path, path)
-            if (path, key) not in instances:
-                instances[(path, key)] = calls.get(canon, -1) + 1
-                calls[canon] = instances[(path, key)]
-            chain.append((canon, instances[(path, key)]))
-        if node.op == "call_function":
-            chains[node.name] = chain
-    return chains
+    """fx node name -> its module chain, for the graph's op nodes, as tensorprobe's ONNX export stamps it
+    (`tensorprobe.scope`; `runtimes.onnxruntime.export.module_chains`)."""
+    from ..runtimes.onnxruntime.export import module_chains
+
+    ops = {n.name for n in ep.graph.nodes if n.op == "call_function"}
+    return {k: v for k, v in module_chains(ep, model).items() if k in ops}
 
 
 def _module_chains_onnx(path: Path) -> dict[str, list[tuple[str, int]]]:

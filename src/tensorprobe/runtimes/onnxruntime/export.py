@@ -191,20 +191,16 @@ def _input_names(model: torch.nn.Module, n: int) -> list[str]:
     return names + [f"input_{i}" for i in range(len(names), n)]
 
 
-def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, outputs: "ModuleOutputs", inputs: tuple) -> None:
-    """Write each node's module chain into `tensorprobe.scope` metadata, named as PyTorch capture names it.
-
-    Paths are canonical (a module shared by several parents keeps its first name, as in
-    `named_modules()`), call indices count calls of the module object in execution order, and the
-    output shapes of modules returning several tensors go into the model's metadata, with the graph node
-    that computes each output where shapes alone cannot tell them apart (`tied_output_nodes`).
-    """
-    import json
-
-    canonical: dict[int, str] = {}
+def module_chains(ep: Any, model: torch.nn.Module | None = None) -> dict[str, list[tuple[str, int]]]:
+    """fx node name -> its module chain [(module path, call index), ...], outermost first, from the
+    ExportedProgram's `nn_module_stack`: paths canonical with `model` (a module shared by several parents keeps
+    its first name, as in `named_modules()`), a call index per distinct stack entry of the module (`act`,
+    `act@1`: its first and second call). What `_stamp_scopes` writes and the isolate overlay reads."""
     alias: dict[str, str] = {}
-    for path, mod in model.named_modules(remove_duplicate=False):
-        alias[path] = canonical.setdefault(id(mod), path)
+    if model is not None:
+        canonical: dict[int, str] = {}
+        for path, mod in model.named_modules(remove_duplicate=False):
+            alias[path] = canonical.setdefault(id(mod), path)
     instances: dict[tuple[str, str], int] = {}
     calls: dict[str, int] = {}
     chains: dict[str, list[tuple[str, int]]] = {}
@@ -215,12 +211,25 @@ def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, outputs: "ModuleO
             if not path:
                 continue
             canon = alias.get(path, path)
-            inst = (path, key)
-            if inst not in instances:
-                instances[inst] = calls.get(canon, -1) + 1
-                calls[canon] = instances[inst]
-            chain.append((canon, instances[inst]))
+            if (path, key) not in instances:
+                instances[(path, key)] = calls.get(canon, -1) + 1
+                calls[canon] = instances[(path, key)]
+            chain.append((canon, instances[(path, key)]))
         chains[node.name] = chain
+    return chains
+
+
+def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, outputs: "ModuleOutputs", inputs: tuple) -> None:
+    """Write each node's module chain into `tensorprobe.scope` metadata, named as PyTorch capture names it.
+
+    Paths are canonical (a module shared by several parents keeps its first name, as in
+    `named_modules()`), call indices count calls of the module object in execution order, and the
+    output shapes of modules returning several tensors go into the model's metadata, with the graph node
+    that computes each output where shapes alone cannot tell them apart (`tied_output_nodes`).
+    """
+    import json
+
+    chains = module_chains(ep, model)
     fx_name = re.compile(r"^%(\S+) :")
     for node in proto.graph.node:
         md = {p.key: p for p in node.metadata_props}
