@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .runner import DOCS, GuideRun, check, missing_extras, parse
+from .runner import DOCS, REPO, GuideRun, check, missing_extras, parse
 
 # Guides not yet rewritten to run as written (issue 32 item 1): skipped with this reason until they are.
 NOT_YET: set[str] = set()
@@ -24,6 +24,26 @@ def _cases():
         for block in parse(guide.read_text(encoding="utf-8")):
             if block.slow:
                 yield pytest.param(guide.name, block.line, id=f"{guide.stem}:{block.line}", marks=pytest.mark.slow)
+
+
+def _readme_cases():
+    yield pytest.param(None, id="README")
+    for block in parse((REPO / "README.md").read_text(encoding="utf-8")):
+        if block.slow:
+            yield pytest.param(block.line, id=f"README:{block.line}", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("line", list(_readme_cases()))
+def test_readme_runs_as_written(line):
+    """The README's examples run as written too. It opens with its two set-up commands (they install
+    packages: shown, not run, each saying why); the demo's output is a slow block."""
+    blocks = parse((REPO / "README.md").read_text(encoding="utf-8"))
+    assert [b.not_run is not None for b in blocks[:2]] == [True, True], "the README opens with the two set-up commands"
+    workdir = Path(tempfile.mkdtemp(prefix="tpdoc-"))
+    try:
+        _run_blocks("README.md", line, blocks, GuideRun(workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.mark.parametrize(("guide", "line"), list(_cases()))
