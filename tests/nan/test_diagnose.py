@@ -418,3 +418,45 @@ def test_diagnose_record_gives_a_caller_the_same_evidence_for_a_record_it_names(
     assert later.record == "post/convolution.0" and "log" not in " ".join(later.diagnosis)
     with pytest.raises(BundleError, match="no record named 'nope'"):
         diagnose_record(b, "nope")
+
+
+def test_a_half_precision_module_output_at_the_edge_of_its_range_is_an_overflow_at_module_level(tmp_path):
+    """CREPE tiny converted to fp16 behind a wrapper that casts its input: on loud input, conv1's output holds
+    ±Inf with finite values at 65504. A module-level capture does not record the input (the wrapper's own
+    code made it), yet its statistics say overflow (the sweep's label: 'overflow', was 'undiagnosed'). A
+    float16 division by zero, whose finite values stay small, is not called an overflow."""
+    from tensorprobe.examples import crepe
+    from tensorprobe.sweep.item import diagnosis_label
+
+    class Half(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m.half()
+
+        def forward(self, x):
+            return self.m(x.half()).float()
+
+    class Reciprocal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(1, 2, 3, padding=1).half()
+            self.inv = Inv()
+
+        def forward(self, x):
+            return self.inv(self.conv(x.half()))
+
+    class Inv(nn.Module):
+        def forward(self, x):
+            return 1.0 / (x * 0)
+
+    loud = crepe.frames(220.0, n_frames=4, seed=1) * 1000.0
+    o = tp.find_nonfinite_in_bundle(tp.capture(Half(crepe.model("tiny")).eval(), loud, level="module",
+                                               out=tmp_path / "loud"))
+    assert o.record == "m.conv1" and diagnosis_label(o) == "overflow"
+    assert o.diagnosis[0].startswith("m.conv1 overflowed the float16 range")
+    quiet = crepe.frames(220.0, n_frames=4, seed=1)
+    assert not tp.find_nonfinite_in_bundle(tp.capture(Half(crepe.model("tiny")).eval(), quiet, level="module",
+                                                      out=tmp_path / "quiet")).found
+    o = tp.find_nonfinite_in_bundle(tp.capture(Reciprocal().eval(), torch.randn(1, 1, 16), level="module",
+                                               out=tmp_path / "inv"))
+    assert o.record == "inv" and diagnosis_label(o) != "overflow" and "overflowed" not in " ".join(o.diagnosis)

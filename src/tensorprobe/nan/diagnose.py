@@ -316,13 +316,15 @@ def diagnose(ev: Evidence) -> list[str]:
 def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats],
                         output_stats: TensorStats, *, computation: tuple[OpNode | None, ...] = (),
                         module: str = "", subject: str | None = None,
-                        running_var: TensorStats | None = None, masks_in: str = "") -> list[str]:
+                        running_var: TensorStats | None = None, masks_in: str = "",
+                        output_dtype: str | None = None) -> list[str]:
     """Diagnosis when only statistics are known (a bundle captured elsewhere, statistics only).
 
     `module_type` is the class of the op's module (`module:InstanceNorm1d` for a module-level record), ""
     when unknown; `computation` how its inputs were made (`Evidence.computation`); `module` its path;
     `subject` how the text names the record (default: the op); `running_var` the statistics of the module's
-    stored running variance, where the bundle holds it; `masks_in` the deliberate masks its inputs carry."""
+    stored running variance, where the bundle holds it; `masks_in` the deliberate masks its inputs carry;
+    `output_dtype` the record's dtype (a half-precision output at the edge of its range has overflowed)."""
     label = op_label(op)
     op = canonical_op(op) if not op.startswith("module:") else op.removeprefix("module:")
     ev = Evidence(op=op, module_type=module_type, output_stats=output_stats, computation=computation, module=module,
@@ -337,12 +339,27 @@ def diagnose_from_stats(op: str, module_type: str, input_stats: list[TensorStats
         mx = input_stats[0].max
         if mx is not None and mx > exp_overflow_threshold("float16"):
             out.append(f"exp input max {mx:.4g}: overflows float16 above ~11.1 and float32 above ~88.7.")
+    if not out:
+        out.extend(_overflow_from_stats(output_stats, output_dtype, subject or label))
     out.extend(_rule_channel_pattern(ev))
     if not out:
         out.append(f"{subject or label} is the first record holding non-finite values ({output_stats.nan} NaN, "
                    f"{output_stats.posinf + output_stats.neginf} ±Inf); capture with level='op', keep='full' "
                    "for a finer diagnosis.")
     return out
+
+
+def _overflow_from_stats(st: TensorStats, dtype: str | None, subject: str) -> list[str]:
+    """±Inf in a half-precision output whose finite values reach half its range: an overflow, read from the
+    statistics alone (a module-level record of an fp16 port, whose op and inputs were not recorded)."""
+    limit = FLOAT_MAX.get(dtype or "")
+    if limit is None or dtype not in ("float16", "bfloat16") or not (st.posinf + st.neginf) or st.nan:
+        return []
+    reach = max(abs(v) for v in (st.min, st.max) if v is not None) if (st.min, st.max) != (None, None) else 0.0
+    if reach < 0.5 * limit:
+        return []
+    return [f"{subject} overflowed the {dtype} range (max {limit:.4g}; its finite values reach {reach:.3g}): "
+            f"{st.posinf + st.neginf} results are ±Inf. Compute it in float32, or rescale its input."]
 
 
 def _negative_domain_from_stats(ev: Evidence, input_stats: list[TensorStats]) -> list[str]:

@@ -239,7 +239,7 @@ def _unrecorded_origin(ctx: _Context, r: Record) -> NanOrigin:
                         f"{ctx.place(producer.module)}."]
     evidence, measured = _normalization_evidence(ctx, producer)
     general = diagnose_from_stats(producer.op, ctx.type_of(producer), [], producer.stats, module=producer.module,
-                                  subject=_subject(ctx, producer))
+                                  subject=_subject(ctx, producer), output_dtype=producer.dtype)
     diagnosis += evidence + [d for d in general if not (measured and d.startswith(VARIANCE_ADVICE))]
     return NanOrigin(
         found=True, cause=CAUSE_UNRECORDED, record=producer.name, op=producer.op, module=producer.module,
@@ -308,7 +308,7 @@ def _bundle_origin(ctx: _Context, r: Record, ins: list[Record], masks_in: str = 
     else:
         diagnosis = diagnose_from_stats(r.op, ctx.type_of(r), [i.stats for i in ins], r.stats,
                                         computation=computation, module=r.module, subject=_subject(ctx, r),
-                                        running_var=running_var, masks_in=masks_in)
+                                        running_var=running_var, masks_in=masks_in, output_dtype=r.dtype)
     stored = running_variance_cause(Evidence(op=base, module=r.module, running_var=running_var))
     if stored:   # a wrong buffer, not a computed variance: the input's channels are beside the point
         diagnosis = [d for d in diagnosis if not d.startswith(VARIANCE_ADVICE)]
