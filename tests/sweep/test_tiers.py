@@ -116,6 +116,30 @@ def test_a_killed_sweep_resumes_with_only_its_unfinished_items(sweep_file, tmp_p
     assert json.loads(done.stdout)["sweep"]["done"] == N_ITEMS
 
 
+def test_the_workers_die_with_a_killed_driver(sweep_file, tmp_path):
+    """kill -9 of the driver alone (not its process group): its pool workers end too, within seconds (they ran
+    on for minutes), so a rerun does not share the cores with orphans."""
+    psutil = pytest.importorskip("psutil")
+    out = tmp_path / "orphans"
+    cmd = [sys.executable, "-m", "tensorprobe", "sweep", f"{sweep_file}:slow", "-o", str(out), "-j", "2", "--json"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "SWEEP_ITEM_SLEEP": "0.4"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    items = out / "items.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if items.exists() and len(items.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.1)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert proc.poll() is None and children, "the sweep ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=15)
+    for p in alive:                      # leave nothing behind whatever the outcome
+        p.kill()
+    assert not alive, [p.cmdline()[-3:] for p in alive]
+
+
 CLICK_SWEEP = textwrap.dedent('''
     import math
     import torch
