@@ -21,6 +21,17 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _threads():
+    """torch's thread count as each test found it: a sweep engine run in this process (Dask's in-process
+    workers) sets it to 1, and a later guide's in-process dump then rounds otherwise than its CLI capture
+    (guide-diff read 'inputs differ by 7.3e-08' in the full suite, 'identical' alone)."""
+    n = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def kokoro():
     """The Kokoro example module (skips when the `kokoro` extra is not installed)."""

@@ -18,7 +18,7 @@ def test_artifacts_open_in_the_runtime_whose_adapter_claims_the_suffix():
 
 def test_options_come_from_the_hooks_signatures_and_unknown_ones_fail_before_running():
     ort = get_runtime("onnxruntime")
-    assert set(ort.option_names()) == {"exporter", "opset", "rules", "max_bytes", "threads"}
+    assert set(ort.option_names()) == {"exporter", "opset", "rules", "max_bytes", "threads", "dynamic"}
     with pytest.raises(InputError, match="does not take option.*backend.*it takes exporter"):
         ort.check_options({"backend": "xnnpack"})
     get_runtime("tvm").check_options({"random": "zeros", "kernels": True})
