@@ -101,9 +101,10 @@ class SweepWorker:
         from ..bundle import Bundle
         from ..compare import judge_audio, module_view, output_pair, outputs_agree
 
-        out = output_pair(Bundle.open(ref_path), module_view(Bundle.open(cand_path)), report)
+        ref_b, cand_b = Bundle.open(ref_path), Bundle.open(cand_path)
+        out = output_pair(ref_b, module_view(cand_b), report)
         record = _record(name, report, ref_nan, cand_nan, out)
-        _draw_first(record, ref_path, cand_path)
+        _draw_first(record, ref_b, cand_b)
         agree = outputs_agree(report, out)
         judged = None
         if self.sweep.sample_rate and out is not None and out.reference.squeeze().ndim == 1:
@@ -273,22 +274,20 @@ def _tts_record(name: str, audio: Any, report: Any) -> dict[str, Any]:
             "audio_samples": None if audio is None else int(getattr(audio, "size", len(audio)))}
 
 
-def _draw_first(record: dict[str, Any], ref_path: Path, cand_path: Path) -> None:
+def _draw_first(record: dict[str, Any], ref: Any, cand: Any) -> None:
     """A port that draws its own noise in the model's own forward (`<root>/randn_like.0`, ONNX Runtime's
     RandomNormalLike) and adds it before a submodule: no record holds the sum, so the first submodule reading
     it looks like the port's own error (cause own). When a draw the candidate did not replay differs (cause
     random) before the first divergence, in that module's own code or an ancestor's, the divergence is the
     draw's: the item is not comparable value by value (`random_draws`), as for a draw inside a submodule."""
-    from ..bundle import Bundle
     from ..diff import diff
     from ..record import KIND_RNG, TAG_REPLAYED
 
     if record["verdict"] != "diverged" or record.get("cause") == CAUSE_RANDOM or not record["first_divergence"]:
         return
-    cand = Bundle.open(cand_path)
     if not any(r.kind == KIND_RNG and TAG_REPLAYED not in r.tags for r in cand.records):
         return
-    plain = diff(Bundle.open(ref_path), cand)
+    plain = diff(ref, cand)
     first = plain.get(record["first_divergence"])
     if first is None:
         return

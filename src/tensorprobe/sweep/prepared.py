@@ -16,9 +16,11 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from ..bundle import atomic_write_bytes
 
 # runtime -> the file its `_prepare` writes in the workdir (TVM writes its library only when told where: `save`)
 CACHED_FILES = {"onnxruntime": "model.onnx", "executorch": "model.pte", "tvm": "model.so"}
@@ -45,21 +47,13 @@ class ArtifactCache:
 
         adapter = get_runtime(runtime)
         key = artifact_key(runtime, model, inputs, options, model_digest)
-        final = self.root / key
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)        # another worker exporting this key: wait, then load its file
-            made = not (final / DONE).exists()
-            if made:
-                work = self.root / f".{key}.tmp-{os.getpid()}"
-                shutil.rmtree(work, ignore_errors=True)
-                save = {"save": str(work / CACHED_FILES[runtime])} if runtime in SAVED_ON_REQUEST else {}
-                adapter.prepare(model, inputs, work, **options, **save)
-                (work / DONE).write_text(key)
-                shutil.rmtree(final, ignore_errors=True)       # a key left half-made by a killed run
-                os.replace(work, final)
-        return _load(adapter, final / CACHED_FILES[runtime], model, options), made
 
+        def export(work: Path) -> None:
+            save = {"save": str(work / CACHED_FILES[runtime])} if runtime in SAVED_ON_REQUEST else {}
+            adapter.prepare(model, inputs, work, **options, **save)
+
+        made, _ = self._made_once(key, export)
+        return _load(adapter, self.root / key / CACHED_FILES[runtime], model, options), made
 
     def get_dynamic(self, runtime: str, model: torch.nn.Module, inputs: tuple, options: dict[str, Any],
                     model_digest: str, make: bool = True) -> tuple[Any, bool, str | None]:
@@ -67,39 +61,53 @@ class ArtifactCache:
         why there is none). One per model and input ranks, for plain runs of items of any length; a model
         the exporter cannot export dynamically is remembered (`FAILED`), so no worker or rerun tries again.
         `make=False`: only one already made (or None, with no reason)."""
+        from ..runtimes import get_runtime
+
         if runtime not in DYNAMIC_RUNTIMES or options.get("exporter", "dynamo") != "dynamo":
             return None, False, f"{runtime} is exported per input shape"
         if options.get("dynamic") is False:
             return None, False, "dynamic=False: exported per input shape"
+        adapter = get_runtime(runtime)
         ranks = tuple(torch.empty((0,) * t.ndim, dtype=t.dtype) if isinstance(t, torch.Tensor) else t for t in inputs)
         key = "dyn-" + artifact_key(runtime, model, ranks, {**options, "dynamic": True}, model_digest)
-        final = self.root / key
+        dynamic = {**options, "dynamic": True}
+        made, why = self._made_once(key, lambda work: adapter.prepare(model, inputs, work, **dynamic),
+                                    make=make, remember_failure=True)
+        if made is None:
+            return None, False, why
+        return _load(adapter, self.root / key / CACHED_FILES[runtime], model, options), made, None
+
+    def _made_once(self, key: str, export: Callable[[Path], None], *, make: bool = True,
+                   remember_failure: bool = False) -> tuple[bool | None, str | None]:
+        """Make `root/key` at most once across workers and reruns: under the key's file lock, `export` writes
+        a fresh work directory that is renamed into place complete. (True: made by this call; False: there
+        already; None: not there and `make` is False, or, with `remember_failure`, the export failed now or
+        before, with why: the `<key>.failed` file that keeps others from trying again)."""
+        final, failed = self.root / key, self.root / f"{key}.{FAILED}"
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f"{key}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if (self.root / f"{key}.{FAILED}").exists():
-                return None, False, (self.root / f"{key}.{FAILED}").read_text()
-            made = not (final / DONE).exists()
-            if made and not make:
-                return None, False, None
-            if made:
-                from ..runtimes import get_runtime
-
-                work = self.root / f".{key}.tmp-{os.getpid()}"
+            fcntl.flock(lock, fcntl.LOCK_EX)        # another worker exporting this key: wait, then load its file
+            if remember_failure and failed.exists():
+                return None, failed.read_text()
+            if (final / DONE).exists():
+                return False, None
+            if not make:
+                return None, None
+            work = self.root / f".{key}.tmp-{os.getpid()}"
+            shutil.rmtree(work, ignore_errors=True)
+            try:
+                export(work)
+            except Exception as e:  # noqa: BLE001 - remembered where asked (no dynamic export), else raised
                 shutil.rmtree(work, ignore_errors=True)
-                try:
-                    get_runtime(runtime).prepare(model, inputs, work, **{**options, "dynamic": True})
-                except Exception as e:  # noqa: BLE001 - no dynamic export: every shape gets its own
-                    why = f"no dynamic-shape export: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-                    shutil.rmtree(work, ignore_errors=True)
-                    (self.root / f"{key}.{FAILED}").write_text(why)
-                    return None, False, why
-                (work / DONE).write_text(key)
-                shutil.rmtree(final, ignore_errors=True)
-                os.replace(work, final)
-        from ..runtimes import get_runtime
-
-        return _load(get_runtime(runtime), final / CACHED_FILES[runtime], model, options), made, None
+                if not remember_failure:
+                    raise
+                why = f"no dynamic-shape export: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                atomic_write_bytes(failed, why.encode())
+                return None, why
+            (work / DONE).write_text(key)
+            shutil.rmtree(final, ignore_errors=True)       # a key left half-made by a killed run
+            os.replace(work, final)
+        return True, None
 
 
 def artifact_key(runtime: str, model: torch.nn.Module, inputs: tuple, options: dict[str, Any],

@@ -78,9 +78,9 @@ class ResultStore:
         if self.path.exists() and self.path.stat().st_size:
             raise InputError(f"{self.root} holds items.jsonl from a sweep that did not record what it ran (older "
                              f"tensorprobe): use another directory, or delete this one to start again")
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(identity, indent=1))
-        os.replace(tmp, path)
+        from ..bundle import atomic_write_bytes
+
+        atomic_write_bytes(path, json.dumps(identity, indent=1).encode())
 
     def done(self) -> set[str]:
         return {k for k, r in self.read().items() if r.get("status") == STATUS_DONE}
