@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -30,6 +31,31 @@ def _threads():
     yield
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
+
+
+_FAILED_MODULES: set[str] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        _FAILED_MODULES.add(item.module.__name__)
+    return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_tmp_cleanup(request, tmp_path_factory):
+    """Removes what a module's fixtures made with tmp_path_factory once the module is done, unless one of its
+    tests failed: pytest keeps those until the session ends (policy 'failed' removes only a passing test's own
+    tmp_path), and the whole suite's Kokoro captures and exports came to 18 GB there, enough to fill CI's disk."""
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    if request.module.__name__ in _FAILED_MODULES:
+        return
+    for entry in set(base.iterdir()) - before:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
