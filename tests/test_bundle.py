@@ -341,9 +341,9 @@ def test_numpy_reads_every_dtype_a_capture_stores_as_torch_does(tmp_path, dtype)
     assert b.tensor("x").dtype == dtype and torch.equal(b.tensor("x"), t)
 
 
-def test_short_capture_writes_its_manifest_once_and_synced(tmp_path, monkeypatch):
+def test_short_capture_writes_its_manifest_once(tmp_path, monkeypatch):
     """A capture that ends within its first second writes no provisional manifest and no journal: its
-    records reach the disk once, in the final (fsynced, renamed) manifest."""
+    records reach the disk once, in the final manifest (renamed into place, not fsynced: see docs/design.md)."""
     import tensorprobe.bundle.writer as bundle_mod
 
     writes = []
@@ -354,7 +354,7 @@ def test_short_capture_writes_its_manifest_once_and_synced(tmp_path, monkeypatch
     with BundleWriter(tmp_path / "b", shard_bytes=4096, reuse_buffers=True) as w:
         for i, t in enumerate(tensors):
             w.add(_rec(f"t{i}", t, i), t)
-    assert writes == [True]
+    assert writes == [False]
     b = Bundle.open(tmp_path / "b")
     assert b.complete and len(b) == 300 and float(b.tensor("t299")[0]) == 299.0
     assert not (tmp_path / "b" / JOURNAL).exists()

@@ -43,7 +43,7 @@ from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
 from ..hooks import module_types
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, Record, dtype_name
-from ..stats import compute_stats, tensor_digest
+from ..stats import TensorStats, compute_stats, tensor_digest
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,8 @@ class RuntimeTensor:
     call: int = 0              # call index of `module` (a module the runtime ran several times)
     kind: str = KIND_OUTPUT    # record kind: "output", or "rng" for a random op
     borrowed: bool = False            # `value` lives in a buffer the runtime reuses: copied when kept
+    stats: TensorStats | None = None  # `compute_stats(value)`, where the runtime computed a run's in bulk
+    digest: str | None = None         # `tensor_digest(value)` of a weight, where the runtime remembers it
 
 
 class RuntimeAdapter:
@@ -224,11 +226,12 @@ class RuntimeAdapter:
                 name = rt.name or rt.runtime_name
                 if not selection.wants(name):
                     continue
-                t = _to_torch(rt.value)
-                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
-                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind,
-                                  runtime_name=rt.runtime_name, tags=rt.tags, digest=tensor_digest(t)),
-                           t if keep == "full" else None, copy=rt.borrowed)
+                data, shape, dtype = _data_of(rt, keep == "full" or rt.digest is None)
+                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=shape, dtype=dtype,
+                                  stats=rt.stats if rt.stats is not None else compute_stats(data), kind=rt.kind,
+                                  runtime_name=rt.runtime_name, tags=rt.tags,
+                                  digest=rt.digest if rt.digest is not None else tensor_digest(data)),
+                           data if keep == "full" else None, copy=rt.borrowed)
                 order += 1
             for name, value in named_inputs.items():
                 if isinstance(value, np.ndarray) and value.dtype.kind in "USO":   # text: described in the manifest
@@ -244,12 +247,13 @@ class RuntimeAdapter:
                 kept = rt.kind in _ALWAYS_KEPT
                 if not kept and not selection.wants(name):
                     continue
-                t = _to_torch(rt.value)
-                dtypes.add(dtype_name(t.dtype))
-                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=tuple(t.shape),
-                                  dtype=dtype_name(t.dtype), stats=compute_stats(t), kind=rt.kind, call=rt.call,
-                                  runtime_name=rt.runtime_name, inputs=rt.inputs, tags=rt.tags),
-                           t if (keep == "full" or kept) else None, copy=rt.borrowed)
+                data, shape, dtype = _data_of(rt, keep == "full" or kept)
+                dtypes.add(dtype)
+                writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=shape,
+                                  dtype=dtype, stats=rt.stats if rt.stats is not None else compute_stats(data),
+                                  kind=rt.kind, call=rt.call, runtime_name=rt.runtime_name, inputs=rt.inputs,
+                                  tags=rt.tags),
+                           data if (keep == "full" or kept) else None, copy=rt.borrowed)
                 order += 1
             env = collect_environment(runtime=self.runtime_info(artifact))
             env["dtypes"] = sorted(d for d in dtypes if d.startswith(("float", "bfloat")))
@@ -260,6 +264,15 @@ class RuntimeAdapter:
 # The model's own outputs and the random draws keep their values whatever `keep` is (model inputs too, above),
 # as a PyTorch capture keeps them: diagnosis and replay need them.
 _ALWAYS_KEPT = (KIND_MODEL_OUTPUT, KIND_RNG)
+
+
+def _data_of(rt: RuntimeTensor, kept: bool) -> tuple[torch.Tensor | None, tuple[int, ...], str]:
+    """(tensor, shape, dtype name) of a runtime value; no tensor where the record keeps no data and the
+    runtime computed its figures (`stats`, and `digest` for a weight): the value is then not touched."""
+    if kept or rt.stats is None:
+        data = _to_torch(rt.value)
+        return data, tuple(data.shape), dtype_name(data.dtype)
+    return None, tuple(rt.value.shape), dtype_name(rt.value.dtype)
 
 
 def _name_inputs(inputs: Any) -> dict[str, Any]:

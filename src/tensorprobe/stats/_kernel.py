@@ -76,6 +76,49 @@ def _moments64(x, bits):
     return s, ss, lo, hi
 
 
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _moments32_many(x, bits, starts, stops, sums, keys):
+    for j in range(starts.shape[0]):
+        s, ss, lo, hi = _moments32(x[starts[j]:stops[j]], bits[starts[j]:stops[j]])
+        sums[j, 0] = s
+        sums[j, 1] = ss
+        keys[j, 0] = lo
+        keys[j, 1] = hi
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _moments64_many(x, bits, starts, stops, sums, keys):
+    for j in range(starts.shape[0]):
+        s, ss, lo, hi = _moments64(x[starts[j]:stops[j]], bits[starts[j]:stops[j]])
+        sums[j, 0] = s
+        sums[j, 1] = ss
+        keys[j, 0] = lo
+        keys[j, 1] = hi
+
+
+def moments_many(flat: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`moments` of each span `flat[starts[j]:stops[j]]` in one call (no Python per span; the GIL is
+    released): float64 arrays of (Σx, Σx²) and of (min, max), one row per span, equal to `moments` of
+    each span. The spans of one runtime's output buffer are a capture's values.
+
+        >>> sums, ranges = moments_many(np.array([1.0, -2.0, 4.0], np.float32), np.array([0, 1]), np.array([1, 3]))
+        >>> sums.tolist(), ranges.tolist()
+        ([[1.0, 1.0], [2.0, 20.0]], [[1.0, 1.0], [-2.0, 4.0]])
+    """
+    k = starts.shape[0]
+    sums = np.empty((k, 2), np.float64)
+    if flat.dtype == np.float32:
+        keys = np.empty((k, 2), np.int32)
+        _moments32_many(flat, flat.view(np.int32), starts, stops, sums, keys)
+        mask, kind = np.int32(0x7FFFFFFF), np.float32
+    else:
+        keys = np.empty((k, 2), np.int64)
+        _moments64_many(flat, flat.view(np.int64), starts, stops, sums, keys)
+        mask, kind = np.int64(0x7FFFFFFFFFFFFFFF), np.float64
+    ranges = (keys ^ ((keys >> (8 * keys.itemsize - 1)) & mask)).view(kind).astype(np.float64)
+    return sums, ranges
+
+
 _UNKEY = {np.float32: (np.int32, 0x7FFFFFFF), np.float64: (np.int64, 0x7FFFFFFFFFFFFFFF)}
 
 

@@ -41,6 +41,14 @@ def _numpy_float_stats(a: np.ndarray, channel_dim: int | None) -> TensorStats:
     # float16 is summed in float32, as torch does; the one compiled pass covers float32/float64
     x = np.ascontiguousarray(a if a.dtype in (np.float32, np.float64) else a.astype(np.float32)).reshape(-1)
     total, sumsq, mn, mx = kernel().moments(x) if x.size >= KERNEL_MIN_ELEMENTS else _small_moments(x)
+    return float_stats_from_moments(a, x, total, sumsq, mn, mx, channel_dim)
+
+
+def float_stats_from_moments(a: np.ndarray, x: np.ndarray, total: float, sumsq: float, mn: float, mx: float,
+                             channel_dim: int | None) -> TensorStats:
+    """The statistics of float array `a` (`x`: its elements, flat) from one pass's (Σx, Σx², min, max);
+    the figures that pass cannot give (non-finite elements, a spread the mean dwarfs) from `a` itself."""
+    n = a.size
     if not math.isfinite(total):
         return _numpy_nonfinite_stats(a.astype(np.float64, copy=False) if a.dtype == np.float64
                                       else a.astype(np.float32, copy=False), channel_dim)

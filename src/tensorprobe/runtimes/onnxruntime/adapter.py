@@ -12,7 +12,9 @@ import torch
 
 from ...errors import TargetError
 from ...record import KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_PARAM, KIND_RNG, parse_name
-from ..base import RuntimeAdapter, RuntimeTensor, Selection
+from ...stats import TensorStats, compute_stats, tensor_digest
+from ...stats.batch import float_stats_many
+from ..base import RuntimeAdapter, RuntimeTensor, Selection, _to_torch
 from .export import export_onnx
 from .names import GraphNamer, MappingRules, ValuePlan, exported_state_names, graph_weights, model_output_names
 from .session import (_STRING, POOL_BYTES, SharedInitializers, _last_use, _one_line, _OutputPool, default_budget,
@@ -112,10 +114,19 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         return _OrtRun(artifact, selection, self.last_run).run(inputs)
 
     def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
+        # a file's weights are the same at every capture of it: their statistics and digests are remembered
+        key = _file_key(artifact.path)
+        facts = _WEIGHT_FACTS.get(key, {}) if key is not None else {}
         for name, value, tags in graph_weights(artifact.model.graph, artifact.state_names):
             module = name.rsplit(".", 1)[0] if "." in name else ""
+            stats, digest = facts.get(name, (None, None))
+            if stats is None:
+                stats, digest = compute_stats(_to_torch(value)), tensor_digest(value)
+                facts[name] = (stats, digest)
             yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
-                                tags=tags, kind=KIND_PARAM)
+                                tags=tags, kind=KIND_PARAM, stats=stats, digest=digest)
+        if key is not None:
+            _remember(_WEIGHT_FACTS, key, facts)
 
     def runtime_info(self, artifact: OnnxArtifact | None = None) -> dict[str, Any]:
         info = super().runtime_info()
@@ -131,6 +142,7 @@ class _OrtRun:
         self.artifact = artifact
         self.selection = selection
         self.last_run = last_run
+        self.plan_key: tuple | None = None   # set by `_planned`: what the per-file caches are keyed by
 
     def run(self, inputs: Any) -> Iterator[RuntimeTensor]:
         artifact = self.artifact
@@ -160,16 +172,14 @@ class _OrtRun:
         """Sizes, shapes and types of every value (shape inference) and the record plan of the graph;
         remembered for the next capture of the same file with inputs of the same shapes (a sweep's items,
         a rerun): on a small model these passes cost as much as the run itself."""
-        key = _plan_key(self.artifact, feeds, by_name)
+        key = self.plan_key = _plan_key(self.artifact, feeds, by_name)
         got = _PLANS.get(key) if key is not None else None
         if got is None:
             sizes, shapes, types = estimate_bytes(model, feeds)
             records = {name: f"input.{name if by_name else i}" for i, name in enumerate(feeds)}
             got = (sizes, shapes, types, GraphNamer(model, self.artifact.rules, records, shapes, types).plan())
             if key is not None:
-                _PLANS[key] = got
-                while len(_PLANS) > _PLANS_KEPT:
-                    _PLANS.pop(next(iter(_PLANS)))
+                _remember(_PLANS, key, got)
         return got
 
     def _note_text_values(self, model: Any, feeds: dict[str, np.ndarray], types: dict[str, int]) -> None:
@@ -186,6 +196,9 @@ class _OrtRun:
         given when ONNX Runtime refuses the inlined one), and unseeded random ops seeded."""
         from .inline import inline_for_capture, seed_random_ops, topologically_sorted
 
+        key = _file_key(self.artifact.path) if model is self.artifact.model else None
+        if key is not None and key in _READY_AS_IS:
+            return model   # this file was found in order, with nothing to inline or seed
         ordered = topologically_sorted(model)
         if ordered is not None:
             self._note("nodes put in topological order (the file lists some before the values they read)")
@@ -199,10 +212,13 @@ class _OrtRun:
             else:
                 self._notes(notes)
                 model = inlined
+        given = model
         model, seeded = seed_random_ops(model)
         if seeded:
             self._note(f"{seeded} random op(s) without a seed were given seeds 0..{seeded - 1} in graph order, "
                        f"so that captures of this graph and of its conversions draw the same numbers")
+        if key is not None and model is given is self.artifact.model:
+            _remember(_READY_AS_IS, key, True)
         return model
 
     def _values(self, model: Any, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
@@ -256,7 +272,12 @@ class _OrtRun:
                       shapes: dict[str, tuple[int, ...]], types: dict[str, int], segments: list[tuple[int, int]],
                       pool: _OutputPool, weights: SharedInitializers) -> Iterator[RuntimeTensor]:
         live: dict[str, np.ndarray] = dict(feeds)
-        needed_later = _last_use(model, segments)
+        key = (self.plan_key, tuple(segments)) if self.plan_key is not None else None
+        needed_later = _LAST_USE.get(key) if key is not None else None
+        if needed_later is None:
+            needed_later = _last_use(model, segments)
+            if key is not None:
+                _remember(_LAST_USE, key, needed_later)
         for k, (lo, hi) in enumerate(segments):
             seg_plans = [p for p in plans if lo <= p.node_index < hi]
             sub, seg_in, seg_out = segment_model(model, lo, hi, live, {p.value for p in seg_plans}, needed_later, k,
@@ -270,35 +291,66 @@ class _OrtRun:
             # values later segments read are copied out: the buffer is overwritten by the next segment
             live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
             self.last_run["pool_bytes"] = pool.allocated
-            yield from _emit(seg_plans, outs, drop=True)
+            planned = {p.value for p in seg_plans}
+            yield from _emit(seg_plans, outs, drop=True, stats=_bulk_stats({v: a for v, a in outs.items() if v in planned}))
 
 
 _PLANS: dict[tuple, tuple] = {}   # `_OrtRun._planned`'s results, oldest first
 _PLANS_KEPT = 8
 
 
+_WEIGHT_FACTS: dict[tuple, dict[str, tuple[TensorStats, str]]] = {}   # file -> weight -> (stats, digest)
+_READY_AS_IS: dict[tuple, bool] = {}   # files `_exposable` returns unchanged (a set, oldest first)
+_LAST_USE: dict[tuple, dict[str, int]] = {}   # (plan key, segments) -> `_last_use`
+
+
+def _remember(cache: dict, key: tuple, value: Any) -> None:
+    """Keep `value` under `key` in one of the per-file caches, the newest `_PLANS_KEPT` files only."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > _PLANS_KEPT:
+        cache.pop(next(iter(cache)))
+
+
+def _file_key(path: Path | None) -> tuple | None:
+    """The identity of a file's contents as far as its metadata tells (path, mtime, size, inode), or None."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 def _plan_key(artifact: OnnxArtifact, feeds: dict[str, np.ndarray], by_name: bool) -> tuple | None:
     """What a plan depends on, for a graph that is the same whenever its file is: a file on disk, no
     mapping rules, and nothing inlined by input value (If/Loop/Scan, functions). None: not remembered."""
     source = artifact.model   # (`model` may have had these inlined, by the inputs' values)
-    if artifact.path is None or artifact.rules is not None or len(source.functions) \
+    if artifact.rules is not None or len(source.functions) \
             or any(n.op_type in ("If", "Loop", "Scan") for n in source.graph.node):
         return None
-    try:
-        st = os.stat(artifact.path)
-    except OSError:
+    key = _file_key(artifact.path)
+    if key is None:
         return None
-    return (str(artifact.path), st.st_mtime_ns, st.st_size, st.st_ino, by_name,
-            tuple((name, a.shape, a.dtype.str) for name, a in feeds.items()))
+    return (*key, by_name, tuple((name, a.shape, a.dtype.str) for name, a in feeds.items()))
 
 
-def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool) -> Iterator[RuntimeTensor]:
+def _bulk_stats(outs: dict[str, np.ndarray]) -> dict[str, TensorStats]:
+    """Statistics of a run's float values, all at once: they lie in the one output buffer (`stats.batch`)."""
+    names = list(outs)
+    return {n: s for n, s in zip(names, float_stats_many([outs[n] for n in names])) if s is not None}
+
+
+def _emit(plans: list[ValuePlan], outs: dict[str, np.ndarray], drop: bool,
+          stats: dict[str, TensorStats] | None = None) -> Iterator[RuntimeTensor]:
     last = {p.value: i for i, p in enumerate(plans)}
+    stats = stats or {}
     for i, p in enumerate(plans):
         arr = outs.get(p.value)
         if not _numeric(arr):
             continue
-        yield from _tensors_for(p, arr)
+        yield from _tensors_for(p, arr, stats.get(p.value))
         if drop and last[p.value] == i:
             del outs[p.value]   # drop our reference as soon as the record is written
         del arr
@@ -309,18 +361,19 @@ def _numeric(arr: Any) -> bool:
     return arr is not None and getattr(arr, "dtype", None) is not None and arr.dtype.kind not in "OUS"
 
 
-def _tensors_for(p: ValuePlan, value: np.ndarray) -> Iterator[RuntimeTensor]:
+def _tensors_for(p: ValuePlan, value: np.ndarray, stats: TensorStats | None = None) -> Iterator[RuntimeTensor]:
     """One RuntimeTensor per record name of a value (one value can be several modules' output, and a graph
     output is also a model output), borrowing `value` from the output buffer."""
     for name in p.names:
         module, call = parse_name(name)
         yield RuntimeTensor(runtime_name=p.value, module=p.module if "/" in name else module, op=p.op, name=name,
                             inputs=p.inputs, tags=p.tags, call=call,
-                            kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, value=value, borrowed=True)
+                            kind=KIND_RNG if "rng" in p.tags else KIND_OUTPUT, value=value, borrowed=True,
+                            stats=stats)
     if p.model_output is not None:
         yield RuntimeTensor(runtime_name=p.value, module="", op="output", name=p.model_output,
                             inputs=(p.names[0],) if p.names else p.inputs, kind=KIND_MODEL_OUTPUT,
-                            value=value, borrowed=True)
+                            value=value, borrowed=True, stats=stats)
 
 
 # ---- export ----------------------------------------------------------------------------------------
