@@ -9,7 +9,8 @@
     monitor.close()
 
 Each step costs two reading passes over each gradient (its L2 norm and `aminmax`, taken by a post-accumulate
-hook as the backward makes it, before any clipping) and one device-to-host copy of all the figures; with an
+hook as the backward makes it, before any clipping; on a GPU, two fused `torch._foreach_norm` passes over all
+of a backward's gradients at its end, `fused_grad_stats`) and one device-to-host copy of all the figures; with an
 optimizer, the update ratio |Δw|/|w| needs a copy of the weights around `optimizer.step()`: into buffers
 reused from step to step (every step; `monitor.updates.every = 10` samples them). Watched modules add
 four reductions of their output per forward (`monitor.output_stats.every = 10` samples them likewise).
@@ -113,6 +114,13 @@ class Monitor:
         self._watched = self._watch(watch)
         self._outputs: dict[str, torch.Tensor] = {}
         self._grad_stats: dict[str, torch.Tensor] = {}
+        # On a GPU, per-parameter statistics cost kernel launches (~5 per parameter and step): there the
+        # gradients that arrived in a backward are reduced together at its end, in two fused passes
+        # (`torch._foreach_norm`, L2 and inf), still before any clipping. On the CPU a launch costs nothing
+        # and an inf-norm is not vectorised: each gradient is reduced as it arrives.
+        self.fused_grad_stats = any(p.device.type != "cpu" for _, p in self.params)
+        self._arrived: dict[str, torch.Tensor] = {}
+        self._fused_queued = False
         self._handles: list[Any] = []
         # the weights before an optimizer step, in reused buffers; sampled with `updates.every` (after
         # `updates.warmup` steps measured one by one): |Δw| is exact where measured, absent between
@@ -232,7 +240,10 @@ class Monitor:
         """Every figure of the step in one device-to-host copy."""
         grads = dict(self.params)
         stats = [self._grad_stats.pop(n, None) for n in named]
-        stats = [s if s is not None else _grad_stats(grads[n].grad) for n, s in zip(named, stats)]
+        missing = [n for n, s in zip(named, stats) if s is None]
+        if missing:   # gradients no hook saw this step (kept from an earlier step, or made outside a backward)
+            made = dict(zip(missing, _fused_grad_stats([grads[n].grad for n in missing])))
+            stats = [s if s is not None else made[n] for n, s in zip(named, stats)]
         self._grad_stats.clear()
         parts = [torch.stack(stats).T.reshape(-1)] if stats else []
         self._stats_grads = {n: grads[n].grad for n in named}
@@ -262,8 +273,21 @@ class Monitor:
 
     def _grad_hook(self, name: str):
         def hook(param: torch.Tensor) -> None:
-            self._grad_stats[name] = _grad_stats(param.grad)
+            if not self.fused_grad_stats:
+                self._grad_stats[name] = _grad_stats(param.grad)
+                return
+            self._arrived[name] = param
+            if not self._fused_queued:   # once per backward: reduce what arrived when the backward ends
+                self._fused_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._reduce_arrived)
         return hook
+
+    def _reduce_arrived(self) -> None:
+        self._fused_queued = False
+        names = [n for n, p in self._arrived.items() if p.grad is not None]
+        rows = _fused_grad_stats([self._arrived[n].grad for n in names])
+        self._arrived.clear()
+        self._grad_stats.update(zip(names, rows))
 
     def _watch(self, patterns: Iterable[str]) -> list[tuple[str, torch.nn.Module]]:
         patterns = list(patterns)
@@ -475,6 +499,26 @@ def _grad_stats(g: torch.Tensor) -> torch.Tensor:
         return torch.zeros(2, device=g.device)
     lo, hi = torch.aminmax(g)      # 6x faster than an inf-norm on CPU (which is not vectorised), NaN kept
     return torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32), torch.maximum(hi.float(), -lo.float())])
+
+
+def _fused_grad_stats(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`_grad_stats` of each gradient, as two fused passes per device (`torch._foreach_norm` with ord 2 and
+    inf: the same figures, NaN kept), in float32; rows of one (k, 2) tensor per device."""
+    out: list[torch.Tensor | None] = [None] * len(grads)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, g in enumerate(grads):
+        if g.numel() == 0:   # an inf-norm has no value for no elements
+            out[i] = torch.zeros(2, device=g.device)
+        else:
+            by_device.setdefault(g.device, []).append(i)
+    for device, idx in by_device.items():
+        gs = [grads[i].detach() for i in idx]
+        norms = torch.stack(torch._foreach_norm(gs, 2, dtype=torch.float32))
+        absmax = torch.stack(torch._foreach_norm(gs, math.inf)).float()
+        rows = torch.stack([norms, absmax], dim=1)
+        for j, i in enumerate(idx):
+            out[i] = rows[j]
+    return out   # type: ignore[return-value]
 
 
 def _count_nonfinite(g: torch.Tensor | None) -> int:
