@@ -450,7 +450,11 @@ class DataCollapse:
             from_start = self.low_for[name] == self.updates
             patience = self.patience * (FROM_START_PATIENCE if from_start else 1)
             collapsed = self.low_for[name] >= patience and not rising and not learning
-            if self.episodes.start(name, collapsed):
+            # one collapse is one finding: the episode ends when the spread recovers, not when the loss's trend
+            # flickers (a model fed silence learns the targets' positional mean in spells, its output still flat)
+            if not low:
+                self.episodes.start(name, False)
+            if collapsed and self.episodes.start(name, True):
                 since = step - self.low_for[name] + 1
                 out.append(finding(step, "output_collapse", "error",
                                    f"{name}: predicted std {spread:.3g} against {against} std {ref:.3g} "
@@ -496,7 +500,9 @@ class DataCollapse:
         from_start = self.at_mean_for == self.updates
         patience = self.patience * (FROM_START_PATIENCE if from_start else 1)
         held = self.at_mean_for >= patience and not learning and not self._falling_through()
-        if self.episodes.start("loss@mean", held):
+        if not at_mean:      # as for a collapse: the episode ends when the loss leaves the mean's cost
+            self.episodes.start("loss@mean", False)
+        if held and self.episodes.start("loss@mean", True):
             return [finding(step, "loss_at_mean", "error",
                             f"the loss has stayed at {loss:.4g} for {self.at_mean_for} steps, the cost of "
                             f"predicting the targets' mean ({near:.4g}): the model has learnt nothing of the "
