@@ -223,7 +223,12 @@ def _dask(names, setup, workers, address, scratch) -> Iterator[dict[str, Any]]:
     import dask
 
     cluster = None
+    # worker-saturation 1.0: a worker holds only the items it runs. At Dask's default (1.1) a worker holds one
+    # more queued, and when an item kills the worker, the item queued behind it counts that death too: in one
+    # loaded test run an innocent item shared the killer's worker three times and failed as "the worker
+    # process died".
     with dask.config.set({"distributed.scheduler.allowed-failures": MAX_ATTEMPTS - 1,
+                          "distributed.scheduler.worker-saturation": 1.0,
                           "distributed.worker.daemon": False}):
         if address:
             client = Client(address)
