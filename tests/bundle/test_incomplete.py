@@ -234,7 +234,7 @@ def test_two_writers_in_one_process_exclude_each_other(tmp_path):
     w = writer_mod.BundleWriter(tmp_path / "b")
     with pytest.raises(BundleError, match="another capture"):
         writer_mod.BundleWriter(tmp_path / "b")
-    assert (tmp_path / "b" / writer_mod.JOURNAL).exists()    # the refused writer touched nothing
+    assert (tmp_path / "b" / LOCK).exists()                  # the refused writer touched nothing
     w.close()
     writer_mod.BundleWriter(tmp_path / "b").close()          # once closed, the directory is free
 

@@ -110,15 +110,10 @@ class BundleWriter:
         self._staging = _StagingBuffers(shard_bytes, count=3) if reuse_buffers else None
         self._stage: _StagedShard | None = None  # the staging buffer being filled
         self._shard_writer = _ShardWriter(release=self._staging.give if self._staging else None)
-        # The journal marks the directory as a bundle being written; the provisional manifest (header and
-        # status "running") is written with the first journaled records, so a capture that closes before
-        # writes its manifest once.
-        try:
-            self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
-        except BaseException:
-            self._shard_writer.finish()
-            self._lock.release(remove=True)
-            raise
+        # The lock file marks the directory as a bundle being written. The journal is opened, and the
+        # provisional manifest (header and status "running") written, with the first journaled records: a
+        # capture that closes before (within its first second) creates neither and writes its manifest once.
+        self._journal: Any = None
         self._opened = time.monotonic()
         self._shards_journaled = 0       # shards whose records are in the journal
 
@@ -225,10 +220,13 @@ class BundleWriter:
             if new:
                 if not self._journaled:  # a reader of a killed capture finds the header and the status here
                     self._write_manifest(STATUS_RUNNING, None, sync=False)
+                if self._journal is None:
+                    self._journal = open(self.path / JOURNAL, "w", encoding="utf-8")
                 self._journal.write("\n".join(new) + "\n")
                 self._journaled = len(self._lines)
             self._shards_journaled = len(self._shards)
-            self._journal.flush()
+            if self._journal is not None:
+                self._journal.flush()
         except OSError as e:
             # Raised inside the model's forward (a hook adds the record): as a bare OSError it read as the
             # model's own failure ("the model's forward raised OSError"); it is the bundle's disk.
@@ -266,7 +264,8 @@ class BundleWriter:
         except BundleError as e:   # the shard writer failed earlier: its error is the one recorded below
             error = error or e
         try:
-            self._journal.close()
+            if self._journal is not None:
+                self._journal.close()
         except OSError as e:   # its buffered tail could not be written (disk full)
             error = error or e
         self._closed = True
