@@ -33,6 +33,11 @@ class OnnxArtifact:
     max_bytes: int | None = None     # run options: given at export/load, used by every run of this artifact
     threads: int | None = None
     state_names: frozenset[str] | None = None   # the state dict of the model it was exported from, where known
+    # what one capture prepares and the next capture of the same inputs' shapes reuses (a sweep's worker
+    # captures every item from one artifact): the weights shared with each segment's session, the segments'
+    # models by (plan, segment, values wanted)
+    shared_weights: Any = None
+    segment_models: dict[tuple, tuple] = field(default_factory=dict)
 
 
 class OnnxRuntimeAdapter(RuntimeAdapter):
@@ -262,11 +267,33 @@ class _OrtRun:
         pool = _OutputPool(min(budget, POOL_BYTES))
         segments = split_segments(model, plans, sizes, pool.nbytes)
         self.last_run["session_runs"] = len(segments)
-        weights = SharedInitializers(model)
+        reusable = model is self.artifact.model
+        weights = self.artifact.shared_weights if reusable else None
+        if weights is None:
+            weights = SharedInitializers(model)
+            if reusable:
+                self.artifact.shared_weights = weights
         try:
             yield from self._run_segments(model, feeds, plans, shapes, types, segments, pool, weights)
         finally:   # every record has copied what it keeps from the buffer: the next capture reuses it
             pool.release()
+
+    def _segment_model(self, model: Any, lo: int, hi: int, live: dict[str, np.ndarray], wanted: set[str],
+                       needed_later: dict[str, int], k: int, weights: SharedInitializers) -> tuple:
+        """`segment_model`, remembered on the artifact for the next capture with the same plan."""
+        key = None
+        if self.plan_key is not None and model is self.artifact.model:
+            key = (self.plan_key, lo, hi, frozenset(wanted))
+            got = self.artifact.segment_models.get(key)
+            if got is not None:
+                return got
+        made = segment_model(model, lo, hi, live, wanted, needed_later, k, weights.protos)
+        if key is not None:
+            cache = self.artifact.segment_models
+            if len(cache) >= _SEGMENT_MODELS_KEPT:
+                cache.pop(next(iter(cache)))
+            cache[key] = made
+        return made
 
     def _run_segments(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
                       shapes: dict[str, tuple[int, ...]], types: dict[str, int], segments: list[tuple[int, int]],
@@ -280,8 +307,8 @@ class _OrtRun:
                 _remember(_LAST_USE, key, needed_later)
         for k, (lo, hi) in enumerate(segments):
             seg_plans = [p for p in plans if lo <= p.node_index < hi]
-            sub, seg_in, seg_out = segment_model(model, lo, hi, live, {p.value for p in seg_plans}, needed_later, k,
-                                                 weights.protos)
+            wanted = {p.value for p in seg_plans}
+            sub, seg_in, seg_out = self._segment_model(model, lo, hi, live, wanted, needed_later, k, weights)
             sess = make_session(sub, self.artifact.threads, weights.values_for(sub))
             outs = run_bound(sess, {v: live[v] for v in seg_in}, seg_out, shapes, types, pool)
             del sess, sub
@@ -296,6 +323,7 @@ class _OrtRun:
 
 
 _PLANS: dict[tuple, tuple] = {}   # `_OrtRun._planned`'s results, oldest first
+_SEGMENT_MODELS_KEPT = 256   # segment models an artifact keeps (a 10 s Kokoro decoder runs in ~33)
 _PLANS_KEPT = 8
 
 
