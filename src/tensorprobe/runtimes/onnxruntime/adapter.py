@@ -289,10 +289,7 @@ class _OrtRun:
                 return got
         made = segment_model(model, lo, hi, live, wanted, needed_later, k, weights.protos)
         if key is not None:
-            cache = self.artifact.segment_models
-            if len(cache) >= _SEGMENT_MODELS_KEPT:
-                cache.pop(next(iter(cache)))
-            cache[key] = made
+            _remember(self.artifact.segment_models, key, made, kept=_SEGMENT_MODELS_KEPT)
         return made
 
     def _run_segments(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
@@ -318,8 +315,7 @@ class _OrtRun:
             # values later segments read are copied out: the buffer is overwritten by the next segment
             live.update((v, np.array(a)) for v, a in outs.items() if needed_later.get(v, -1) > k)
             self.last_run["pool_bytes"] = pool.allocated
-            planned = {p.value for p in seg_plans}
-            yield from _emit(seg_plans, outs, drop=True, stats=_bulk_stats({v: a for v, a in outs.items() if v in planned}))
+            yield from _emit(seg_plans, outs, drop=True, stats=_bulk_stats({v: a for v, a in outs.items() if v in wanted}))
 
 
 _PLANS: dict[tuple, tuple] = {}   # `_OrtRun._planned`'s results, oldest first
@@ -332,11 +328,11 @@ _READY_AS_IS: dict[tuple, bool] = {}   # files `_exposable` returns unchanged (a
 _LAST_USE: dict[tuple, dict[str, int]] = {}   # (plan key, segments) -> `_last_use`
 
 
-def _remember(cache: dict, key: tuple, value: Any) -> None:
-    """Keep `value` under `key` in one of the per-file caches, the newest `_PLANS_KEPT` files only."""
+def _remember(cache: dict, key: tuple, value: Any, kept: int = _PLANS_KEPT) -> None:
+    """Keep `value` under `key` in one of the caches (per file, per artifact), the newest `kept` only."""
     cache.pop(key, None)
     cache[key] = value
-    while len(cache) > _PLANS_KEPT:
+    while len(cache) > kept:
         cache.pop(next(iter(cache)))
 
 
