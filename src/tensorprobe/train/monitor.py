@@ -242,7 +242,8 @@ class Monitor:
         stats = [self._grad_stats.pop(n, None) for n in named]
         missing = [n for n, s in zip(named, stats) if s is None]
         if missing:   # gradients no hook saw this step (kept from an earlier step, or made outside a backward)
-            made = dict(zip(missing, _fused_grad_stats([grads[n].grad for n in missing])))
+            reduce = _fused_grad_stats if self.fused_grad_stats else (lambda gs: [_grad_stats(g) for g in gs])
+            made = dict(zip(missing, reduce([grads[n].grad for n in missing])))
             stats = [s if s is not None else made[n] for n, s in zip(named, stats)]
         self._grad_stats.clear()
         parts = [torch.stack(stats).T.reshape(-1)] if stats else []
