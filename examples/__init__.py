@@ -13,8 +13,8 @@
   one-pass norm that is NaN in float32 already (guide-preflight).
 - `my_sweep.py`: a SWEEP_TARGET, a vocoder head over 8 utterances of rising loudness, and a port that clips the
   loud ones (guide-sweep).
-- `compiled_net.py`: a conv/norm net to compile, and the same net whose norm reduces in float16 on the compiled path
-  only (guide-compile).
+- `compiled_net.py`: a conv/norm net to compile, the same net whose norm reduces in float16 on the compiled path
+  only, and one with a custom op whose Inductor decomposition is wrong (guide-compile).
 
 A regular package (this file), so `from examples import noisy` finds this folder from the repository's root
 whatever else is installed.

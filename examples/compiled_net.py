@@ -4,6 +4,8 @@
   output: compiles faithfully;
 - `planted`: the same net whose second block's norm computes its statistics in float16 on the compiled path
   only (the kind of lowering a wrong decomposition makes): eager is unchanged, the compiled model parts.
+- `wrong_decomposition`: the net with an RMS norm after its second block, a custom op (`tp_example::rms`) whose
+  decomposition for Inductor divides by n - 1 where the op divides by n: eager is right, Inductor parts.
 """
 
 from __future__ import annotations
@@ -63,4 +65,36 @@ def build():
 def planted():
     model, inputs = build()
     model.blocks[1].norm = LowPrecisionNorm(model.blocks[1].norm)
+    return model, inputs
+
+
+class Rms(torch.nn.Module):
+    """`tp_example::rms`: x / sqrt(mean(x^2) + eps) over the last dimension."""
+
+    def forward(self, x):
+        return torch.ops.tp_example.rms(x)
+
+
+def _register_rms() -> None:
+    """Define `tp_example::rms` (right in eager) and give Inductor a wrong decomposition of it, once."""
+    if hasattr(torch.ops.tp_example, "rms"):
+        return
+    global _LIB   # the library must outlive this call, or the op is unregistered
+    _LIB = torch.library.Library("tp_example", "DEF")
+    _LIB.define("rms(Tensor x) -> Tensor")
+    _LIB.impl("rms", lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5), "CompositeExplicitAutograd")
+    torch.library.register_fake("tp_example::rms", lambda t: torch.empty_like(t), lib=_LIB)
+    from torch._inductor.decomposition import decompositions, fast_random_decomps
+
+    def wrong(t):   # the biased/unbiased mix-up of a hand-written lowering: the sum of squares over n - 1
+        return t * torch.rsqrt(t.pow(2).sum(-1, keepdim=True) / (t.shape[-1] - 1) + 1e-5)
+
+    decompositions[torch.ops.tp_example.rms.default] = wrong
+    fast_random_decomps.cache_clear()   # Inductor's table is a cached copy of `decompositions`
+
+
+def wrong_decomposition():
+    _register_rms()
+    model, inputs = build()
+    model.blocks[1].act = torch.nn.Sequential(model.blocks[1].act, Rms())
     return model, inputs

@@ -48,11 +48,17 @@ class CompareResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
     output: dict[str, Any] | None = None   # the model output's non-finite elements per side (OutputPair.to_dict)
     replayed: tuple[str, ...] = ()         # the runtime's draws the reference took (replay_rng)
+    referee: Any = None                    # tensorprobe.diff.referee.RefereeReport, with referee="fp64"
+    bisect: Any = None                     # tensorprobe.compile_bisect.CompileBisect, with bisect=True
 
     @property
     def finding(self) -> bool:
-        """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not."""
-        return (self.diff.verdict == "diverged" or (self.cand_nan_escapes and not self.ref_nan.found)
+        """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not. A
+        divergence is no finding when the float64 referee finds the runtime at least as close to float64 as
+        PyTorch at every output: the two round differently, and neither is wrong."""
+        rounding = self.referee is not None and not self.referee.is_bug and self.referee.verdict != "no_data"
+        return ((self.diff.verdict == "diverged" and not rounding)
+                or (self.cand_nan_escapes and not self.ref_nan.found)
                 or bool(self.output and self.output["candidate_only"]))
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,6 +69,8 @@ class CompareResult:
             "output": self.output, "replayed": list(self.replayed),
             "ref_nan": self.ref_nan.to_dict(), "cand_nan": self.cand_nan.to_dict(),
             "cand_nan_escapes": self.cand_nan_escapes, "diff": self.diff.to_dict(),
+            "referee": self.referee.to_dict() if self.referee is not None else None,
+            "bisect": self.bisect.to_dict() if self.bisect is not None else None,
         }
 
 
@@ -71,7 +79,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             atol: float | None = None, rtol: float | None = None, rules: Any = None,
             artifact: str | os.PathLike | None = None, runtime_options: dict[str, Any] | None = None,
             progress: Callable[[str], None] | None = None, prepared: Any = None,
-            replay_rng: bool = False) -> CompareResult:
+            replay_rng: bool = False, referee: str | None = None, bisect: bool = False) -> CompareResult:
     """Capture `model` in PyTorch and in `runtime`, diff them, find the first NaN on each side.
 
     Args:
@@ -88,6 +96,11 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         progress: called with a short description of each stage.
         replay_rng: run the runtime first and give the PyTorch reference the runtime's random draws
             (`RuntimeDraws`), so that a model with noise (a vocoder's source) compares value by value.
+        referee: "fp64" runs `model` once more in float64 (its random draws replayed from the reference) and
+            judges which side is closer to it, per module and at the outputs (`tensorprobe.diff.referee`).
+        bisect: with a torch.compile runtime (inductor, aot_eager), when the compiled model diverges, recompile
+            it stage by stage with PyTorch's compiler bisector and name the stage, decomposition, lowering or
+            Inductor setting the difference comes from (`tensorprobe.compile_bisect`).
 
     Returns:
         A `CompareResult`; `result.finding` is True on a divergence or a NaN born in the runtime only.
@@ -103,11 +116,16 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
 
     if isinstance(inputs, dict):
         raise InputError("compare needs positional inputs (a tuple), not keyword inputs")
+    if referee not in (None, "fp64"):
+        raise InputError(f"unknown referee {referee!r}: the referee compare runs is 'fp64'")
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     check_finite_inputs(inputs)
     adapter = get_runtime(runtime)
     adapter.require()
     adapter.check_options(runtime_options or {}, artifact=artifact is not None)
+    if bisect and not _compiled(runtime):
+        raise InputError(f"--bisect recompiles the model with torch.compile: it needs --runtime inductor or "
+                         f"aot_eager, not {runtime}")
     step = progress or (lambda text: None)
 
     def capture_runtime(root: Path) -> Bundle:
@@ -137,13 +155,46 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         first = report.first_divergence if report.verdict == "diverged" else None
         output = output_pair(ref, view, report)
         notes = _notes(ref, cand, report, cand_nan, escapes, draws)
+        judged = None
+        if referee:
+            step("running the model in float64 (the referee)")
+            judged = _referee_fp64(model, inputs, ref, view, root, runtime)
+        bisected = None
+        if bisect and report.verdict == "diverged":
+            from .compile_bisect import bisect_compile
+
+            step("bisecting the compile (PyTorch's compiler bisector)")
+            opts = runtime_options or {}
+            bisected = bisect_compile(model, inputs, backend=opts.get("backend") or adapter.default_backend,
+                                      mode=opts.get("mode"))
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
             compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan,
             cand_nan_escapes=escapes, diff=report,
             summary=_summary(runtime, report, ref_nan, cand_nan, escapes, output), notes=notes,
             output=output.to_dict() if output is not None else None,
-            replayed=tuple(draws.shared) if draws else ())
+            replayed=tuple(draws.shared) if draws else (), referee=judged, bisect=bisected)
+
+
+def _compiled(runtime: str) -> bool:
+    """True for a torch.compile runtime (inductor, aot_eager): its reference is eager, its port a compile."""
+    from .runtimes import get_runtime
+    from .runtimes.inductor import InductorAdapter
+
+    return isinstance(get_runtime(runtime), InductorAdapter)
+
+
+def _referee_fp64(model: torch.nn.Module, inputs: tuple, ref: Bundle, cand: Bundle, root: Path, runtime: str) -> Any:
+    """The float64 referee's judgement of `cand` against `ref`: `model` captured in float64 at module level,
+    drawing the reference's random tensors (widened) where the reference drew any."""
+    from .diff.referee import referee as judge
+    from .referee import capture_fp64
+
+    draws = ref if any(r.kind == KIND_RNG for r in ref.records) else None
+    fp64 = capture_fp64(model, *inputs, level="module", out=root / "fp64", replay_rng=draws)
+    compiled = _compiled(runtime)   # torch.compile: eager against compiled
+    return judge(ref, cand, fp64, ref_label="eager" if compiled else "PyTorch",
+                 cand_label=f"compiled ({runtime})" if compiled else runtime)
 
 
 def check_finite_inputs(inputs: Sequence[Any]) -> None:

@@ -39,16 +39,19 @@ def _widen(value: Any) -> Any:
 
 
 def capture_fp64(model: torch.nn.Module, *inputs: Any, level: str = "module", out: str | os.PathLike | None = None,
-                 **kwinputs: Any) -> Bundle:
+                 replay_rng: Any = None, **kwinputs: Any) -> Bundle:
     """Capture a float64 copy of `model` on `inputs` widened to float64, every value kept (`keep="full"`).
 
-    The model itself is left as it is. A model that cannot run in float64 (an op without a float64 kernel, a
-    dtype fixed inside its code) raises `InputError` saying so."""
+    The model itself is left as it is. A model that draws random numbers needs `replay_rng` (the reference
+    bundle): the float64 run then draws the reference's tensors, widened, instead of its own. A model that
+    cannot run in float64 (an op without a float64 kernel, a dtype fixed inside its code) raises `InputError`
+    saying so."""
     from .capture import capture
 
     twin = copy.deepcopy(model).to(torch.float64).eval()
     try:
-        return capture(twin, *_widen(inputs), level=level, keep="full", out=out, **_widen(kwinputs))
+        return capture(twin, *_widen(inputs), level=level, keep="full", out=out, replay_rng=replay_rng,
+                       **_widen(kwinputs))
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"the float64 referee could not run the model in float64: {first}") from None

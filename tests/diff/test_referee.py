@@ -84,6 +84,25 @@ def test_stats_only_bundles_judge_the_outputs(tmp_path):
     assert r.skipped > 0 and r.notes and not r.is_bug
 
 
+def test_the_float64_run_draws_the_references_noise(tmp_path):
+    """A model with a noise source: the float64 referee replays the reference's draws (widened), so both sides
+    are judged on the same noise (relative error ~1e-7); drawing its own, the referee was 0.16 from both, and a
+    compile that changed the noise's scale would have been 'as close' too. The CLI replays when the reference
+    bundle holds draws; `capture_fp64` takes `replay_rng`."""
+    from examples.noisy import build as noisy
+
+    model, x = noisy()
+    torch.manual_seed(0)
+    eager = tp.capture(model, *x, keep="full", out=tmp_path / "e")
+    torch.manual_seed(0)   # the compiled run draws the same noise
+    comp = tp.capture(model, *x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "c")
+    fp64 = capture_fp64(model, *x, replay_rng=eager, out=tmp_path / "f")
+    r = referee(eager, comp, fp64)
+    assert r.verdict == "as_close" and max(o.ref_err for o in r.outputs) < 1e-6
+    own = referee(eager, comp, capture_fp64(model, *x, out=tmp_path / "own"))
+    assert min(o.ref_err for o in own.outputs) > 1e-2   # without replay: another noise
+
+
 def test_cli_diff_referee_fp64(tmp_path):
     from typer.testing import CliRunner
 

@@ -34,6 +34,12 @@ def compare_cmd(
     min_corr: Optional[float] = typer.Option(None, "--min-corr", help="Minimum Pearson correlation."),
     replay_rng: bool = typer.Option(False, "--replay-rng", help="Run RUNTIME first and give the PyTorch reference "
                                     "its random draws, so a model with noise compares value by value."),
+    referee: Optional[str] = typer.Option(None, "--referee", metavar="fp64",
+                                          help="Also run the model in float64 and say which side is closer to it "
+                                               "(a runtime at least as close as PyTorch at every output: exit 0)."),
+    bisect: bool = typer.Option(False, "--bisect", help="With --runtime inductor/aot_eager, on a divergence: "
+                                "recompile stage by stage (PyTorch's compiler bisector) and name the stage, "
+                                "decomposition, lowering or setting it comes from."),
     json_out: bool = JsonOption,
 ) -> None:
     """Run TARGET in PyTorch and in RUNTIME; report the first divergence and the first NaN. Exits 1 on a finding."""
@@ -61,7 +67,8 @@ def compare_cmd(
             fail(f"TARGET {target!r} returns keyword inputs; compare needs positional inputs")
         with progress(f"comparing {target} in {runtime}", enabled=not json_out) as advance:
             res = with_options(compare, runtime)(tgt.model, tgt.args, runtime, out=out, min_snr=min_snr, min_corr=min_corr,
-                          artifact=artifact, runtime_options=opts, replay_rng=replay_rng,
+                          artifact=artifact, runtime_options=opts, replay_rng=replay_rng, referee=referee,
+                          bisect=bisect,
                           progress=lambda text: advance(1, escape(text)))
     except TensorprobeError as e:
         fail(str(e))
@@ -96,6 +103,12 @@ def _render(res) -> None:
     for p in _worst_pairs(res.diff.pairs):
         console.print(f"  SNR {_fmt(p.metrics.get('snr_db'))} dB  corr {_fmt(p.metrics.get('pearson'), 6)}  "
                       f"{escape(p.name)}{escape(_nonfinite(p.metrics))}")
+    if res.referee is not None:
+        console.print(f"[bold]float64 referee:[/] {escape(res.referee.summary())}")
+        for note in res.referee.notes:
+            console.print(f"  {escape(note)}")
+    if res.bisect is not None:
+        console.print(f"[bold]bisect:[/] {escape(res.bisect.summary())}")
     for note in res.notes:
         console.print(f"[dim]note: {escape(note)}[/]")
     if res.ref_bundle and Path(res.ref_bundle).exists():

@@ -119,7 +119,11 @@ def _referee(ref: Path, cand: Path, referee: str, target: Optional[str]):
     level = (ref_b.manifest.get("capture") or {}).get("level", "module")
     tmp = tempfile.TemporaryDirectory(prefix="tensorprobe-fp64-")
     with tmp:
-        fp64 = capture_fp64(tgt.model, *tgt.args, level=level, out=Path(tmp.name) / "fp64", **tgt.kwargs)
+        from ..record import KIND_RNG
+
+        draws = ref_b if any(r.kind == KIND_RNG for r in ref_b.records) else None   # the float64 run draws the same
+        fp64 = capture_fp64(tgt.model, *tgt.args, level=level, out=Path(tmp.name) / "fp64", replay_rng=draws,
+                            **tgt.kwargs)
         return judge(ref_b, cand_b, fp64, **labels)
 
 

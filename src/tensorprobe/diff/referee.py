@@ -104,8 +104,9 @@ class RefereeReport:
         if self.verdict == VERDICT_CLOSER:
             return f"{c} is closer to float64 than {r} at the output ({errs}): this is not a bug"
         if self.verdict == VERDICT_AS_CLOSE:
-            return (f"{c} is as close to float64 as {r} at the output ({errs}): they round differently; "
-                    "this is not a bug")
+            how = ("the same error; this is not a bug" if all(o.cand_err == o.ref_err for o in outs)
+                   else "they round differently; this is not a bug")
+            return f"{c} is as close to float64 as {r} at the output ({errs}): {how}"
         at = self.first_parting
         where = f" at {at.name} ({at.cand_err:.2g} from float64 where {r} is {at.ref_err:.2g})" if at else ""
         return f"the {c} parts from both the {r} and float64{where}; at the output {errs}"

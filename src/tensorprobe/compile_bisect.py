@@ -1,0 +1,216 @@
+"""Which stage of `torch.compile` makes a compiled model part from eager: PyTorch's own compiler bisector, judged
+by the model's outputs.
+
+`torch._inductor.compiler_bisector.CompilerBisector` recompiles a model with the stages of `torch.compile` added
+one at a time — dynamo's trace alone (`eager`), AOT autograd (`aot_eager`), Inductor's decompositions
+(`aot_eager_decomp_partition`), Inductor itself — and, inside the first stage that makes the difference, turns
+its parts off (a configuration change, or a binary search over the decompositions or lowerings it applied) until
+it finds the one whose removal makes the difference go away. tensorprobe gives it the test (the compiled outputs
+are within a tenth of the full compile's error to eager) and three more configuration changes for Inductor while
+it runs: fusion off (`max_fusion_size=1`), reductions not split (`split_reductions=False`), and the CPU kernels
+unvectorised (`cpp.simdlen=1`), which change the order a reduction adds in.
+
+    >>> from tensorprobe.compile_bisect import bisect_compile        # doctest: +SKIP
+    >>> print(bisect_compile(model, (x,)).summary())                 # doctest: +SKIP
+    the difference comes from a decomposition: Inductor's decomposition of tp_test.rms (... found in 10 compiles)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .errors import InputError
+from .numbers import json_number
+
+# The compiled outputs count as "the same as eager" once a change brings their error under this share of the
+# full compile's error: a stage that explains the difference removes it, not a part of it.
+FIXED_SHARE = 0.1
+# Below this relative error at every output the compile is float32 rounding away from eager: nothing to bisect.
+ROUNDING = 1e-6
+SEED = 0   # every run (eager and compiled) starts from this seed, so random draws are the same where they can be
+
+# Inductor configuration changes tried after PyTorch's own, each with what it tells when it removes the difference
+EXTRA_CHANGES = (("max_fusion_size", 1), ("split_reductions", False), ("cpp.simdlen", 1))
+_STAGES = {
+    "eager": "the graph dynamo traces: the model's code takes another path when compiled "
+             "(torch.compiler.is_compiling(), a data-dependent branch, a guard)",
+    "aot_eager": "AOT autograd's trace (functionalization: an in-place op or a view the trace rewrote)",
+    "aot_eager_decomp_partition": "Inductor's decompositions, run without Inductor's code generation",
+    "inductor": "Inductor's code generation",
+}
+_CHANGES = {
+    "aot_eager_decomp_partition_cse": "common-subexpression elimination in the traced graph",
+    "inductor_fallback_random": "Inductor's own random numbers (with fallback_random=True the compiled model "
+                                "draws eager's; compare with --replay-rng to judge the rest)",
+    "inductor_emulate_precision_casts": "Inductor keeping a float16/bfloat16 intermediate in float32 inside a "
+                                        "fused kernel where eager rounds it (emulate_precision_casts=True rounds "
+                                        "as eager does)",
+    "inductor_layout_optimization": "Inductor's change of a tensor's memory layout",
+    "inductor_comprehensive_padding": "Inductor's padding of tensor strides",
+    "inductor_max_fusion_size": "a fusion: with fusion off (max_fusion_size=1) the compiled model matches eager",
+    "inductor_split_reductions": "a split reduction (Inductor sums in two passes, in another order than eager)",
+    "inductor_cpp.simdlen": "the order a vectorised CPU kernel adds in (with cpp.simdlen=1 it matches eager)",
+}
+_SUBSYSTEMS = {
+    "decomposition": "Inductor's decomposition",
+    "lowerings": "Inductor's lowering",
+    "pre_grad_passes": "a pre-grad graph pass",
+    "joint_graph_passes": "a joint-graph pass",
+    "post_grad_passes": "a post-grad graph pass",
+    "cudagraphs": "CUDA graphs",
+}
+
+
+@dataclass(frozen=True)
+class CompileBisect:
+    """Where a compiled model's difference from eager comes from (`bisect_compile`)."""
+
+    error: float                 # the full compile's relative L2 error to eager, worst output
+    stage: str | None = None     # the backend stage that first shows it: eager, aot_eager, ..., inductor
+    part: str | None = None      # the subsystem or configuration change whose removal makes it go away
+    number: int | None = None    # for a decomposition or lowering: which one, in the order applied
+    detail: str | None = None    # its name (e.g. the decomposed op), from PyTorch's bisector
+    compiles: int = 0
+    seconds: float = 0.0
+    bisected: bool = True        # False when the compile was within rounding of eager: nothing was bisected
+
+    def summary(self) -> str:
+        runs = f" (found in {self.compiles} compiles, {self.seconds:.0f} s)"
+        if not self.bisected:
+            return (f"nothing to bisect: the compiled outputs are within float32 rounding of eager "
+                    f"(relative error {self.error:.2g})")
+        if self.stage is None:
+            return (f"the difference (relative error {self.error:.2g}) did not come back when PyTorch's bisector "
+                    f"recompiled stage by stage: it depends on something else (a cache, the order of runs){runs}")
+        where = _STAGES.get(self.stage, self.stage)
+        if self.part is None:
+            return f"the difference comes from {where}; no smaller part of it was found{runs}"
+        if self.part in _CHANGES:
+            return f"the difference comes from {_CHANGES[self.part]}{runs}"
+        what = _SUBSYSTEMS.get(self.part, self.part)
+        name = f" of {_op_name(self.detail)}" if self.detail else ""
+        nth = f" (number {self.number} of those applied)" if self.number is not None else ""
+        return f"the difference comes from {what}{name}{nth}: without it the compiled outputs match eager{runs}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": json_number(self.error), "stage": self.stage, "part": self.part, "number": self.number,
+                "detail": self.detail, "compiles": self.compiles, "seconds": round(self.seconds, 2),
+                "bisected": self.bisected, "summary": self.summary()}
+
+
+def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: str = "inductor",
+                   mode: str | None = None) -> CompileBisect:
+    """Recompile `model` stage by stage with PyTorch's compiler bisector and say which stage, and which part of
+    it, makes its outputs part from eager's when compiled with `backend` (inductor, aot_eager or one of the
+    bisector's stages). Every run starts from the same seed; the model runs under no_grad.
+
+    Each step is a fresh compile (`torch._dynamo.reset()`), with Inductor's and AOT autograd's persistent caches
+    off while it runs (they key a compiled graph by the traced graph, not by the configuration being tested).
+
+    Example:
+        >>> res = bisect_compile(model, (x,))            # doctest: +SKIP
+        >>> res.stage, res.part, res.detail              # doctest: +SKIP
+        ('aot_eager_decomp_partition', 'decomposition', "<OpOverload(op='tp_test.rms', overload='default')>")
+    """
+    from torch._inductor import compiler_bisector as cb
+
+    if backend not in cb.BACKENDS:
+        raise InputError(f"bisect: backend {backend!r} is not one PyTorch's compiler bisector knows "
+                         f"({', '.join(cb.BACKENDS)})")
+    inputs = tuple(inputs)
+    with torch.no_grad():
+        torch.manual_seed(SEED)
+        reference = _float_outputs(model(*inputs))
+    if not reference:
+        raise InputError("bisect: the model returns no floating-point tensor to compare")
+    started, compiles = time.monotonic(), 0
+
+    def error() -> float:
+        nonlocal compiles
+        compiles += 1
+        torch._dynamo.reset()
+        stage = cb.CompilerBisector.get_backend() or backend   # while bisecting, the stage it tests
+        compiled = torch.compile(model, backend=stage, mode=mode if stage == "inductor" else None)
+        with torch.no_grad():
+            torch.manual_seed(SEED)
+            try:
+                got = _float_outputs(compiled(*inputs))
+            except Exception:  # noqa: BLE001 - a stage that cannot run this model is not the one that is right
+                return math.inf
+        return _worst_error(got, reference)
+
+    with _fresh_compiles():
+        full = error()
+        if full <= ROUNDING:
+            return CompileBisect(full, compiles=compiles, seconds=time.monotonic() - started, bisected=False)
+        extra = [cb.ConfigChange("inductor", name, value) for name, value in EXTRA_CHANGES
+                 if not any(getattr(s, "name", None) == f"inductor_{name}" for s in cb.BACKENDS["inductor"])]
+        lowerings = next((i for i, s in enumerate(cb.BACKENDS["inductor"]) if s.name == "lowerings"),
+                         len(cb.BACKENDS["inductor"]))
+        cb.BACKENDS["inductor"][lowerings:lowerings] = extra
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):   # the bisector narrates with print()
+                found = cb.CompilerBisector.do_bisect(lambda: error() <= FIXED_SHARE * full)
+        finally:
+            for change in extra:
+                cb.BACKENDS["inductor"].remove(change)
+            torch._dynamo.reset()
+    seconds = time.monotonic() - started
+    if found is None:
+        return CompileBisect(full, compiles=compiles, seconds=seconds)
+    number = found.bisect_number if found.subsystem in _SUBSYSTEMS else None
+    detail = found.debug_info if found.subsystem in _SUBSYSTEMS and found.debug_info else None
+    return CompileBisect(full, stage=found.backend, part=found.subsystem, number=number, detail=detail,
+                         compiles=compiles, seconds=seconds)
+
+
+@contextlib.contextmanager
+def _fresh_compiles():
+    """Inductor's FX graph cache and AOT autograd's cache off: each step must compile what it is testing."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
+def _float_outputs(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out.detach().to(torch.float64)] if out.is_floating_point() else []
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _float_outputs(o)]
+    return []
+
+
+def _worst_error(got: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """The largest relative L2 error over the outputs (inf where shapes differ or NaN appears on one side)."""
+    if len(got) != len(reference):
+        return math.inf
+    worst = 0.0
+    for a, b in zip(got, reference):
+        if a.shape != b.shape or not torch.equal(torch.isnan(a), torch.isnan(b)):
+            return math.inf
+        finite = torch.isfinite(b) & torch.isfinite(a)
+        den = float(b[finite].norm())
+        num = float((a[finite] - b[finite]).norm())
+        worst = max(worst, num / den if den > 0 else (0.0 if num == 0 else math.inf))
+    return worst
+
+
+def _op_name(detail: str) -> str:
+    """"<OpOverload(op='aten.var_mean', overload='correction')>" -> "aten.var_mean.correction"."""
+    m = re.search(r"op='([^']+)', overload='([^']+)'", detail)
+    return f"{m.group(1)}.{m.group(2)}" if m else detail
+
+
+__all__ = ["CompileBisect", "bisect_compile"]

@@ -1,0 +1,97 @@
+"""compare --runtime inductor|aot_eager with --referee fp64 and --bisect (`tensorprobe.compile_bisect`).
+
+Every compile is real (dynamo, AOT autograd, Inductor's C++ code generation) and the bisection is PyTorch's own
+`CompilerBisector`; Inductor's cases are marked slow (C++ compiles on a shared CPU)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from examples.compiled_net import build, planted, wrong_decomposition
+from tensorprobe import InputError
+from tensorprobe.compare import compare
+from tensorprobe.compile_bisect import bisect_compile
+
+ROOT = Path(__file__).resolve().parents[1]   # the repository: the CLI loads examples/ from there
+
+
+class NoisyLinear(torch.nn.Module):
+    """Adds noise before a linear layer: Inductor draws its own random numbers unless fallback_random is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x + 0.1 * torch.randn_like(x))
+
+
+def test_a_compile_only_branch_is_blamed_on_the_compiled_side_and_on_dynamos_trace(tmp_path):
+    """The planted net reduces in float16 only under torch.compiler.is_compiling(): the referee says the compiled
+    side parts from float64 at that norm, and the bisector finds the difference already in dynamo's graph."""
+    model, x = planted()
+    res = compare(model, x, "aot_eager", out=tmp_path / "bad", referee="fp64", bisect=True)
+    assert res.finding and res.first_divergence == "blocks.1.norm"
+    assert res.referee.is_bug and res.referee.first_parting.name == "blocks.1.norm"
+    assert res.referee.first_parting.cand_err > 100 * res.referee.first_parting.ref_err
+    assert res.bisect.stage == "eager" and res.bisect.part is None
+    assert "takes another path when compiled" in res.bisect.summary()
+    assert res.to_dict()["bisect"]["stage"] == "eager" and res.to_dict()["referee"]["verdict"] == "parts"
+
+
+def test_a_faithful_compile_is_no_finding_and_is_not_bisected(tmp_path):
+    model, x = build()
+    res = compare(model, x, "aot_eager", out=tmp_path / "ok", referee="fp64", bisect=True)
+    assert not res.finding and res.diff.verdict == "match"
+    assert res.referee.verdict == "as_close" and not res.referee.is_bug
+    assert res.bisect is None   # nothing diverged: nothing to bisect
+
+
+def test_bisect_needs_a_torch_compile_runtime():
+    model, x = build()
+    with pytest.raises(InputError, match="--bisect recompiles the model with torch.compile"):
+        compare(model, x, "onnxruntime", bisect=True)
+    with pytest.raises(InputError, match="unknown referee"):
+        compare(model, x, "aot_eager", referee="fp32")
+    with pytest.raises(InputError, match="compiler bisector knows"):
+        bisect_compile(model, x, backend="no_such_backend")
+
+
+@pytest.mark.slow
+def test_inductor_wrong_decomposition_is_named_by_the_bisector(tmp_path):
+    """A custom op whose Inductor decomposition divides by n - 1: compare finds the RMS module, the referee blames
+    the compiled side, the bisector names that decomposition; the same net without it is not bisected."""
+    model, x = wrong_decomposition()
+    res = compare(model, x, "inductor", out=tmp_path / "bad", referee="fp64", bisect=True)
+    assert res.finding and res.first_divergence == "blocks.1.act.1"
+    assert res.referee.is_bug and res.referee.first_parting.name == "blocks.1.act.1"
+    assert (res.bisect.stage, res.bisect.part) == ("aot_eager_decomp_partition", "decomposition")
+    assert "tp_example.rms" in res.bisect.detail
+    assert "decomposition of tp_example.rms.default" in res.bisect.summary()
+
+    faithful, x = build()
+    found = bisect_compile(faithful, x)
+    assert not found.bisected and found.error < 1e-6
+
+
+@pytest.mark.slow
+def test_inductor_random_numbers_are_named_as_such():
+    torch.manual_seed(0)
+    model, x = NoisyLinear().eval(), torch.randn(4, 8)
+    found = bisect_compile(model, (x,))
+    assert (found.stage, found.part) == ("inductor", "inductor_fallback_random")
+    assert "random numbers" in found.summary()
+
+
+@pytest.mark.slow
+def test_compare_cli_prints_the_referee_and_the_bisect():
+    target = "examples/compiled_net.py:wrong_decomposition"
+    run = subprocess.run([sys.executable, "-m", "tensorprobe", "compare", target, "--runtime", "inductor",
+                          "--referee", "fp64", "--bisect"], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 1, run.stderr[-2000:]
+    out = " ".join(run.stdout.split())
+    assert "float64 referee: the compiled (inductor) parts from both the eager and float64 at blocks.1.act.1" in out
+    assert "bisect: the difference comes from Inductor's decomposition of tp_example.rms.default" in out
