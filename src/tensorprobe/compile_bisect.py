@@ -42,7 +42,8 @@ EXTRA_CHANGES = (("max_fusion_size", 1), ("split_reductions", False), ("cpp.simd
 _STAGES = {
     "eager": "the graph dynamo traces: the model's code takes another path when compiled "
              "(torch.compiler.is_compiling(), a data-dependent branch, a guard)",
-    "aot_eager": "AOT autograd's trace (functionalization: an in-place op or a view the trace rewrote)",
+    "aot_eager": "AOT autograd's trace (the aten graph it records: functionalized, with ops traced through "
+                 "to those they call)",
     "aot_eager_decomp_partition": "Inductor's decompositions, run without Inductor's code generation",
     "inductor": "Inductor's code generation",
 }

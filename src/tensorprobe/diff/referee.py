@@ -41,6 +41,9 @@ PARTS_FACTOR = 2.0
 # computations of an exactly representable value can differ from float64 by 0 and 1e-8).
 PARTS_FLOOR = 1e-6
 
+# Both sides further than this from float64 at an output: neither computes it; rounding decides it.
+ILL_CONDITIONED = 1e-2
+
 VERDICT_CLOSER, VERDICT_AS_CLOSE, VERDICT_PARTS = "closer", "as_close", "parts"
 
 
@@ -101,12 +104,16 @@ class RefereeReport:
         worst = max(outs, key=lambda r: r.cand_err / max(r.ref_err, 1e-300))
         c, r = self.cand_label, self.ref_label
         errs = f"rel err {worst.cand_err:.2g} vs {worst.ref_err:.2g}"
+        # both sides far from float64: the output is decided by rounding, not by either implementation
+        neither = (f"; neither is close to float64: at {worst.name} the result depends on rounding (an "
+                   "ill-conditioned computation at this precision)"
+                   if min(worst.cand_err, worst.ref_err) > ILL_CONDITIONED else "")
         if self.verdict == VERDICT_CLOSER:
-            return f"{c} is closer to float64 than {r} at the output ({errs}): this is not a bug"
+            return f"{c} is closer to float64 than {r} at the output ({errs}): this is not a bug{neither}"
         if self.verdict == VERDICT_AS_CLOSE:
             how = ("the same error; this is not a bug" if all(o.cand_err == o.ref_err for o in outs)
                    else "they round differently; this is not a bug")
-            return f"{c} is as close to float64 as {r} at the output ({errs}): {how}"
+            return f"{c} is as close to float64 as {r} at the output ({errs}): {how}{neither}"
         at = self.first_parting
         where = f" at {at.name} ({at.cand_err:.2g} from float64 where {r} is {at.ref_err:.2g})" if at else ""
         return f"the {c} parts from both the {r} and float64{where}; at the output {errs}"
