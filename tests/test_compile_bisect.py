@@ -95,3 +95,57 @@ def test_compare_cli_prints_the_referee_and_the_bisect():
     out = " ".join(run.stdout.split())
     assert "float64 referee: the compiled (inductor) parts from both the eager and float64 at blocks.1.act.1" in out
     assert "bisect: the difference comes from Inductor's decomposition of tp_example.rms.default" in out
+
+
+def test_aot_eager_draws_what_eager_draws_and_the_referee_agrees(tmp_path):
+    """compare starts both runs from the same generator state: under aot_eager the noise is eager's, so a noisy
+    model is a match and the referee (which replays the eager draws in float64) finds them as close."""
+    torch.manual_seed(0)
+    model, x = NoisyLinear().eval(), torch.randn(4, 8)
+    res = compare(model, (x,), "aot_eager", out=tmp_path / "n", referee="fp64")
+    assert res.diff.verdict == "match" and not res.finding
+    assert res.referee.verdict == "as_close" and not res.referee.draws_differ
+
+
+@pytest.mark.slow
+def test_inductor_noise_is_not_called_a_bug_by_the_referee(tmp_path):
+    """Inductor draws from its own generator: the referee says the draws differ and judges nothing (it said
+    'parts at <root>/randn_like.0', a bug verdict, before); the bisector names Inductor's random numbers."""
+    torch.manual_seed(0)
+    model, x = NoisyLinear().eval(), torch.randn(4, 8)
+    res = compare(model, (x,), "inductor", out=tmp_path / "n", referee="fp64", bisect=True)
+    assert res.referee.verdict == "draws_differ" and res.referee.draws_differ == ("randn_like.0",) or \
+        res.referee.draws_differ[0].endswith("randn_like.0")
+    assert "drew different random numbers" in res.referee.summary() and not res.referee.is_bug
+    assert res.bisect.part == "inductor_fallback_random"
+
+
+def test_compare_takes_bfloat16_inputs(tmp_path):
+    torch.manual_seed(0)
+    model, x = build()
+    res = compare(model.to(torch.bfloat16), tuple(t.to(torch.bfloat16) for t in x), "aot_eager",
+                  out=tmp_path / "b", referee="fp64")
+    assert res.diff.verdict == "match" and not res.finding
+    assert res.referee.verdict in ("closer", "as_close")
+
+
+class DataDependent(torch.nn.Module):
+    """A Python branch on a tensor's value: dynamo breaks the graph there."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = -h
+        return self.b(h)
+
+
+def test_compare_says_where_the_graph_breaks(tmp_path):
+    torch.manual_seed(0)
+    res = compare(DataDependent().eval(), (torch.randn(4, 8),), "aot_eager", out=tmp_path / "g")
+    assert not res.finding
+    assert any(n.startswith("graph break at") and "test_compile_bisect.py" in n and "ran eagerly" in n
+               for n in res.notes), res.notes

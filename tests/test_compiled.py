@@ -335,3 +335,29 @@ def test_a_value_changed_in_place_after_its_module_is_recorded_as_returned(tmp_p
     full = tp.capture(model, x, keep="full", compile=True, backend="aot_eager", out=tmp_path / "again")
     with torch.no_grad():
         assert torch.equal(full.tensor("a"), model.a(x))
+
+
+@pytest.mark.slow
+def test_inductor_op_level_names_each_decomposition_by_the_eager_op(tmp_path):
+    """Inductor's graph holds the ops each eager op was decomposed into: the one that hands the result on is
+    named as eager names the op (so diff pairs it), the others inside it, tagged with the op they decompose. A
+    faithful compile matches eager op by op; a custom op whose Inductor decomposition divides by n - 1 is found
+    at that op, not only at its module."""
+    from examples.compiled_net import build, wrong_decomposition
+
+    model, x = build()
+    eager = tp.capture(model, *x, level="op", keep="full", out=tmp_path / "e")
+    comp = tp.capture(model, *x, level="op", keep="full", compile=True, backend="inductor", out=tmp_path / "c")
+    inner = comp["blocks.0.act/leaky_relu.0.gt.0"]
+    assert "decomposes:aten.leaky_relu.default" in inner.tags
+    assert "blocks.0.act/leaky_relu.0" in eager and "blocks.0.act/leaky_relu.0" in comp
+    report = tp.diff(eager, comp)
+    assert report.verdict == "match"
+    assert {"blocks.0.act/leaky_relu.0", "blocks.1.act@1/leaky_relu.0", "proj/mm.0"} <= {p.name for p in report.pairs}
+
+    model, x = wrong_decomposition()
+    eager = tp.capture(model, *x, level="op", keep="full", out=tmp_path / "e2")
+    bad = tp.capture(model, *x, level="op", keep="full", compile=True, backend="inductor", out=tmp_path / "b")
+    report = tp.diff(eager, bad)
+    assert report.verdict == "diverged" and report.first_divergence == "blocks.1.act.1/tp_example.rms.0"
+    assert "blocks.1.act.1/tp_example.rms.0.sum.0" in bad

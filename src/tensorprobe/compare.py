@@ -56,7 +56,7 @@ class CompareResult:
         """True when the runtime diverges from PyTorch or produces a non-finite value PyTorch does not. A
         divergence is no finding when the float64 referee finds the runtime at least as close to float64 as
         PyTorch at every output: the two round differently, and neither is wrong."""
-        rounding = self.referee is not None and not self.referee.is_bug and self.referee.verdict != "no_data"
+        rounding = self.referee is not None and self.referee.verdict in ("closer", "as_close")
         return ((self.diff.verdict == "diverged" and not rounding)
                 or (self.cand_nan_escapes and not self.ref_nan.found)
                 or bool(self.output and self.output["candidate_only"]))
@@ -128,8 +128,14 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
                          f"aot_eager, not {runtime}")
     step = progress or (lambda text: None)
 
+    # a compiled model draws from torch's generator as eager does: both runs start from the same state, so the
+    # same seed gives the same draws (aot_eager), and only a compiler's own generator (Inductor's) draws otherwise
+    start = _RngState() if _compiled(runtime) else None
+
     def capture_runtime(root: Path) -> Bundle:
         step(f"capturing in {runtime}")
+        if start is not None:
+            start.restore()
         where, opts = root / runtime, runtime_options or {}
         if prepared is not None:
             return adapter.capture_prepared(prepared, inputs, out=where, keep="full")
@@ -143,6 +149,8 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             cand = capture_runtime(root)
             draws = RuntimeDraws.of(cand)
         step("capturing the PyTorch reference" + (" with the runtime's random draws" if draws else ""))
+        if start is not None:
+            start.restore()
         ref = forward_or_input_error(capture, model, *inputs, level="module", keep="full", out=root / "ref",
                                      replay_rng=draws)
         if not replay_rng:
@@ -154,7 +162,8 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
         escapes = cand_nan.found and find_nonfinite_in_bundle(view).found
         first = report.first_divergence if report.verdict == "diverged" else None
         output = output_pair(ref, view, report)
-        notes = _notes(ref, cand, report, cand_nan, escapes, draws)
+        notes = (_notes(ref, cand, report, cand_nan, escapes, draws) + _compile_notes(cand)
+                 + _kernel_notes(ref, cand, first))
         judged = None
         if referee:
             step("running the model in float64 (the referee)")
@@ -174,6 +183,43 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             summary=_summary(runtime, report, ref_nan, cand_nan, escapes, output), notes=notes,
             output=output.to_dict() if output is not None else None,
             replayed=tuple(draws.shared) if draws else (), referee=judged, bisect=bisected)
+
+
+class _RngState:
+    """torch's random generators as they are now (CPU, and CUDA once initialised), to start a run from."""
+
+    def __init__(self):
+        self.cpu = torch.random.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+def _compile_notes(cand: Bundle) -> tuple[str, ...]:
+    """The graph breaks of a compiled run: the code between its graphs ran eagerly (capture --compile warns of
+    each; compare says so too)."""
+    breaks = (cand.runtime.get("compile") or {}).get("graph_breaks") or []
+    notes = []
+    for b in breaks[:3]:
+        at = f" at {b['where']}" if b.get("where") else ""
+        notes.append(f"graph break{at}: {b.get('reason', '')} (the code between compiled graphs ran eagerly)")
+    if len(breaks) > 3:
+        notes.append(f"{len(breaks) - 3} more graph breaks (--json: runtime_info.compile.graph_breaks)")
+    return tuple(notes)
+
+
+def _kernel_notes(ref: Bundle, cand: Bundle, first: str | None) -> tuple[str, ...]:
+    """What Inductor did with the module call where a compiled model first parts from eager (the kernels it
+    recorded while compiling: `tensorprobe.inductor_kernels`); nothing for other runtimes."""
+    from .inductor_kernels import kernel_facts
+
+    record = ref.get(first) if first else None
+    kernels = (cand.runtime.get("compile") or {}).get("kernels")
+    fact = kernel_facts(kernels, record.module, record.call) if record is not None and kernels else None
+    return (fact,) if fact else ()
 
 
 def _compiled(runtime: str) -> bool:
@@ -210,6 +256,8 @@ def check_finite_inputs(inputs: Sequence[Any]) -> None:
     import numpy as np
 
     for i, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+            x = x.float()   # NumPy has no such dtype; widening keeps every NaN where it is
         arr = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x
         if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "fc":
             continue

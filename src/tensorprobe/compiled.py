@@ -44,12 +44,12 @@ import torch
 from .errors import InputError
 from .hooks import module_tensors
 from .ops import ALIAS_OPS, RNG_OPS, SKIP_OPS
-from .record import KIND_OUTPUT, KIND_RNG, TAG_QUANTIZED, Record, dtype_name, record_name
+from .record import KIND_OUTPUT, KIND_RNG, TAG_QUANTIZED, Record, dtype_name, record_name, short_op
 from .stats import TensorStats, compute_stats
 from .stats.core import channel_count
 
 # Backends whose graph after AOT autograd (aten ops) can be instrumented: what op level needs.
-OP_LEVEL_BACKENDS = ("aot_eager",)
+OP_LEVEL_BACKENDS = ("aot_eager", "inductor")
 # Tag of a record whose statistics were computed inside the compiled graph (no per-channel NaN analysis:
 # that needs the values, keep="full").
 TAG_COMPILED = "compiled"
@@ -296,15 +296,23 @@ def _new_entry(n, keep_full: bool) -> _Entry:
 def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], index: int, keep_full: bool,
                   wanted: Callable[[str], bool], counts: dict) -> GraphPlan:
     """Every aten op output of a graph after AOT autograd, named `<module>[@call]/<op>.<k>` as eager op level
-    names it (aliasing ops are skipped, as there)."""
+    names it (aliasing ops are skipped, as there).
+
+    A graph whose ops were decomposed (Inductor's) holds, for one eager op, the several ops it became: each node
+    knows the eager op it comes from (`original_aten`). The node that hands the decomposition's result on is
+    named as eager names that op (`act/leaky_relu.0`, so `diff` pairs it), the others inside it
+    `act/leaky_relu.0.gt.0`."""
     plan = GraphPlan(index=index, nodes=len(gm.graph.nodes))
     produced: dict[Any, str] = dict(placeholder_names_for(gm, placeholder_names))
+    groups = _decompositions(gm, paths)
+    inner_counts: dict = {}
     for n in gm.graph.nodes:
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             continue
         base = n.target._schema.name.split("::")[-1]
         if base in SKIP_OPS:
             continue
+        group = groups.get(n)
         inputs = tuple(dict.fromkeys(produced[a] for a in n.all_input_nodes if a in produced))
         if base in ALIAS_OPS:
             src = next(iter(n.all_input_nodes), None)
@@ -320,11 +328,30 @@ def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], 
                     if u.target is _getitem and _is_tensor_meta(_meta_value(u))]
         if not outs:
             continue
-        key = (module, call, base)
-        k = counts.get(key, 0)
-        counts[key] = k + 1
         op = str(n.target)
         multi = len(outs) > 1 or isinstance(v, (tuple, list))
+        tags: tuple[str, ...] = ()
+        if group is not None:
+            tags = (f"{TAG_DECOMPOSES}{group.op}",)
+            if group.k is None:   # numbered as eager numbers the op it comes from
+                group.k = counts.get((module, call, group.base), 0)
+                counts[(module, call, group.base)] = group.k + 1
+            if group.output is n and not multi:   # the decomposition's result: eager's name for its op
+                base, op = group.base, str(group.op)
+            else:
+                j = inner_counts.get((id(group), base), 0)
+                inner_counts[(id(group), base)] = j + 1
+                for i, node in outs:
+                    name = record_name(module, call, f"{group.base}.{group.k}.{base}", j,
+                                       output=i if multi else None)
+                    _plan_value(plan, node, name, (name, module, call, op, tuple(
+                        dict.fromkeys(produced[a] for a in n.all_input_nodes if a in produced))), keep_full,
+                        wanted, base, tags, produced)
+                continue
+        key = (module, call, base)
+        k = counts.get(key, 0) if group is None or group.output is not n else group.k
+        if group is None:
+            counts[key] = k + 1
         for i, node in outs:
             name = record_name(module, call, op, k, output=i if multi else None)
             if not wanted(name):
@@ -335,12 +362,69 @@ def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], 
                 entry.full = True
             if str(op).startswith("quantized::"):
                 entry.tags = (TAG_QUANTIZED,)
+            entry.tags += tags
             plan.entries.append(entry)
             plan.add(entry, (name, module, call, op, inputs))
             produced[node] = name
-        if len(outs) == 1 and outs[0][1] is n:
-            pass
     return plan
+
+
+TAG_DECOMPOSES = "decomposes:"   # tag of a record made by one op of a decomposition: "decomposes:aten.gelu.default"
+
+
+@dataclass
+class _Decomposition:
+    """The ops one eager op became in a decomposed graph (consecutive nodes of one module call with the same
+    `original_aten`), and the node that hands its result on (None when several do)."""
+
+    op: Any
+    base: str
+    nodes: list = field(default_factory=list)
+    output: Any = None
+    k: int | None = None
+
+
+def _decompositions(gm, paths: dict[str, str]) -> dict[Any, _Decomposition]:
+    """node -> its decomposition, for every node that a decomposition made (its `original_aten` is another op)."""
+    out: dict[Any, _Decomposition] = {}
+    current, current_key = None, None
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        orig = n.meta.get("original_aten")
+        # compared by name: a graph's metadata holds copies of the op objects, which compare by identity
+        if not isinstance(orig, torch._ops.OpOverload) or str(orig) == str(n.target):
+            current = current_key = None
+            continue
+        stack = _stack_calls(n, paths)
+        key = (str(orig), (stack[-1][1], stack[-1][2]) if stack else ("", 0))
+        if key != current_key:
+            current = _Decomposition(op=orig, base=short_op(str(orig)))   # eager's name for the op
+            current_key = key
+        current.nodes.append(n)
+        out[n] = current
+    for group in {id(g): g for g in out.values()}.values():
+        members = set(group.nodes)
+        leaving = [n for n in group.nodes if any(u not in members for u in n.users)]
+        single = len(group.op._schema.returns) == 1
+        group.output = leaving[0] if len(leaving) == 1 and single and isinstance(_meta_value(leaving[0]),
+                                                                                  torch.Tensor) else None
+    return out
+
+
+def _plan_value(plan: GraphPlan, node, name: str, key: tuple, keep_full: bool, wanted: Callable[[str], bool],
+                base: str, tags: tuple[str, ...], produced: dict) -> None:
+    """Plan one op output of a decomposition (named inside the eager op it comes from)."""
+    if not wanted(name):
+        return
+    entry = _new_entry(node, keep_full)
+    if base in RNG_OPS:
+        entry.kind = KIND_RNG
+        entry.full = True
+    entry.tags += tags
+    plan.entries.append(entry)
+    plan.add(entry, key)
+    produced[node] = name
 
 
 def instrument(gm, plan: GraphPlan) -> None:
@@ -367,6 +451,54 @@ def instrument(gm, plan: GraphPlan) -> None:
     gm.recompile()
 
 
+def instrument_aten(gm, plan: GraphPlan) -> None:
+    """`instrument` for a graph that only aten ops may enter (Inductor's, after AOT autograd): each statistics
+    vector is `graph_stats` traced to aten ops with Inductor's decompositions (on a fake value of the entry's
+    shape) and copied in, full values
+    are returned as they are (the graph is functional: nothing changes a value after it is made)."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = gm.graph
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    own = out_node.args[0]
+    own = tuple(own) if isinstance(own, (tuple, list)) else (own,)
+    plan.outputs = len(own)
+    extra, stats = [], []
+    traced: dict[tuple, Any] = {}
+    with graph.inserting_before(out_node):
+        for e in plan.entries:
+            e.slot = len(extra) if e.full else len(stats)
+            if e.full:
+                extra.append(e.node)
+                continue
+            v = _meta_value(e.node)
+            key = (tuple(v.shape), v.dtype, str(v.device))
+            if key not in traced:
+                with FakeTensorMode(allow_non_fake_inputs=True):
+                    example = torch.empty(key[0], dtype=v.dtype, device=v.device)
+                traced[key] = make_fx(graph_stats, decomposition_table=select_decomp_table(),
+                                      tracing_mode="fake")(example)
+            stats.append(graph.graph_copy(traced[key].graph, {_placeholder(traced[key]): e.node}))
+        if stats:   # torch.stack, as Inductor decomposes it
+            device = _meta_value(plan.entries[0].node).device
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                vectors = [torch.empty(_STATS_FIELDS, dtype=torch.float64, device=device) for _ in stats]
+            stack = make_fx(lambda *v: torch.stack(v), decomposition_table=select_decomp_table(),
+                            tracing_mode="fake")(*vectors)
+            slots = [n for n in stack.graph.nodes if n.op == "placeholder"]
+            extra.append(graph.graph_copy(stack.graph, dict(zip(slots, stats))))
+    plan.stacked = bool(stats)
+    out_node.args = (own + tuple(extra),)
+    graph.lint()
+    gm.recompile()
+
+
+def _placeholder(gm) -> Any:
+    return next(n for n in gm.graph.nodes if n.op == "placeholder")
+
+
 def split_outputs(plan: GraphPlan, outs: Any) -> tuple[Any, list]:
     """The graph's own outputs (as the uninstrumented graph returns them) and one value per plan entry: the tensor
     (full entries) or its statistics as a list of 7 numbers."""
@@ -377,15 +509,23 @@ def split_outputs(plan: GraphPlan, outs: Any) -> tuple[Any, list]:
 
 
 def user_frame(tb_or_stack: Any) -> str | None:
-    """`file.py:123 (function)` of the innermost frame outside torch and tensorprobe."""
+    """`file.py:123 (function)` of the innermost frame outside torch, tensorprobe and Python's own library (a
+    `contextlib` decorator or the import machinery is never where a model fails)."""
     import os
+    import sysconfig
+    paths = sysconfig.get_paths()
+    stdlib = paths["stdlib"] + os.sep
+    installed = (paths["purelib"] + os.sep, paths["platlib"] + os.sep)   # inside stdlib's folder, and user code
     torch_dir = os.path.dirname(torch.__file__) + os.sep
     own_dir = os.path.dirname(__file__) + os.sep
     frames = traceback.extract_tb(tb_or_stack) if hasattr(tb_or_stack, "tb_frame") else list(tb_or_stack or [])
     for f in reversed(frames):
-        if not f.filename.startswith(torch_dir) and not (f.filename.startswith(own_dir)
-                                                         and "examples" not in f.filename):
-            return f"{f.filename}:{f.lineno} ({f.name})"
+        name = f.filename
+        if (name.startswith(torch_dir) or name.startswith("<frozen")
+                or (name.startswith(stdlib) and not name.startswith(installed))):
+            continue
+        if not (name.startswith(own_dir) and "examples" not in name):
+            return f"{name}:{f.lineno} ({f.name})"
     return None
 
 
@@ -452,6 +592,7 @@ class CompiledRun:
         self.plans: list[GraphPlan] = []
         self.op_counts: dict = {}
         self.calls: dict[str, int] = {}   # module path -> calls named so far (graphs and eager code alike)
+        self.kernels: list[dict[str, Any]] = []   # Inductor's kernels and the module calls each computes
 
     def __call__(self, gm, example_inputs):
         index = len(self.plans)
@@ -470,17 +611,41 @@ class CompiledRun:
     def _real_backend(self):
         if self.backend == "inductor":
             from torch._inductor.compile_fx import compile_fx
-            options = torch._inductor.list_mode_options(self.mode) if self.mode else None
-            if self.mode is not None and self.mode not in ("default", "reduce-overhead", "max-autotune",
-                                                           "max-autotune-no-cudagraphs"):
-                raise InputError(f"unknown --mode {self.mode!r}; use default, reduce-overhead, max-autotune or "
-                                 "max-autotune-no-cudagraphs")
-            return lambda gm, ex: compile_fx(gm, ex, config_patches=options)
+
+            from .inductor_kernels import KernelRecorder
+
+            recorder = KernelRecorder(self._module_call)
+            self.kernels = recorder.kernels
+            patches = self._inductor_patches()
+
+            def compile_with_kernels(gm, ex):
+                with _no_aot_cache():
+                    return compile_fx(gm, ex, config_patches=patches, inner_compile=recorder)
+            return compile_with_kernels
         from torch._dynamo import lookup_backend
         try:
             return lookup_backend(self.backend)
         except Exception as e:
             raise InputError(f"unknown torch.compile backend {self.backend!r}: {e}") from None
+
+    def _inductor_patches(self) -> dict[str, Any]:
+        """Inductor's settings for this run: the mode's, and provenance tracking (the kernels of each module)."""
+        from .inductor_kernels import PROVENANCE
+
+        if self.mode is not None and self.mode not in ("default", "reduce-overhead", "max-autotune",
+                                                       "max-autotune-no-cudagraphs"):
+            raise InputError(f"unknown --mode {self.mode!r}; use default, reduce-overhead, max-autotune or "
+                             "max-autotune-no-cudagraphs")
+        options = torch._inductor.list_mode_options(self.mode) if self.mode else {}
+        return {**options, **PROVENANCE}
+
+    def _module_call(self, node) -> list[tuple[str, int]] | None:
+        """(module path, call index) of each module call a graph node was traced inside, outermost first; [("", 0)]
+        for the model's own code outside any submodule; None for the nodes tensorprobe added (no user source line)."""
+        stack = _stack_calls(node, self.paths)
+        if stack:
+            return [(path, call) for _, path, call, _ in stack]
+        return [("", 0)] if node.meta.get("stack_trace") else None
 
     def _wrap(self, plan: GraphPlan, compiled):
         def run(*args):
@@ -497,12 +662,31 @@ class CompiledRun:
         aot_names = {f"arg{i}_1": by_target[p.target]
                      for i, p in enumerate(q for q in gm.graph.nodes if q.op == "placeholder") if p.target in by_target}
 
-        def fw(agm, ex):
+        def planned(agm, aten_only: bool = False) -> GraphPlan:
             targets = {n.target: aot_names.get(n.target) for n in agm.graph.nodes if n.op == "placeholder"}
             plan = plan_op_level(agm, self.paths, {k: v for k, v in targets.items() if v}, index, self.keep_full,
                                  self.wanted, self.op_counts)
             self.plans.append(plan)
-            instrument(agm, plan)
+            (instrument_aten if aten_only else instrument)(agm, plan)
+            return plan
+
+        if self.backend == "inductor":   # Inductor's own pipeline; its inner compile gets the decomposed graph
+            from torch._inductor.compile_fx import compile_fx
+
+            from .inductor_kernels import KernelRecorder
+
+            recorder = KernelRecorder(self._module_call)
+            self.kernels = recorder.kernels
+
+            def inner(agm, ex, **kwargs):
+                plan = planned(agm, aten_only=True)
+                return _Stripped(recorder(agm, ex, **kwargs), plan, self.on_graph_run)
+
+            with _no_aot_cache():
+                return compile_fx(gm, example_inputs, config_patches=self._inductor_patches(), inner_compile=inner)
+
+        def fw(agm, ex):
+            plan = planned(agm)
             inner = agm.forward
 
             def run(*args):
@@ -512,6 +696,38 @@ class CompiledRun:
             return make_boxed_func(run)
 
         return aot_autograd(fw_compiler=fw)(gm, example_inputs)
+
+
+def _no_aot_cache():
+    """AOT autograd's cache off for one compile: a hit would skip Inductor's inner compile (where the kernels are
+    read and the op-level statistics added), and what it saves is Inductor's compiled graph without the wrapper that
+    takes the statistics off. Inductor's own FX graph cache (the C++ compile) still serves."""
+    return torch._functorch.config.patch(enable_autograd_cache=False)
+
+
+class _Stripped:
+    """Inductor's compiled graph (an `OutputCode`) whose instrumented outputs are taken off before AOT autograd's
+    runtime sees them, as the graph it traced returns them. Everything else is the compiled graph's."""
+
+    _boxed_call = True
+
+    def __init__(self, compiled: Any, plan: GraphPlan, on_graph_run: Callable[[GraphPlan, list], None]):
+        self.__dict__["_compiled"] = compiled
+        self.__dict__["_plan"] = plan
+        self.__dict__["_on_graph_run"] = on_graph_run
+
+    def __call__(self, *args: Any) -> Any:
+        # boxed (one list of inputs), as AOT autograd calls an OutputCode; unboxed where a caller does not look
+        boxed = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        own, extra = split_outputs(self._plan, self._compiled(boxed))
+        self._on_graph_run(self._plan, extra)
+        return own
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_compiled"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_compiled"], name, value)
 
 
 def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | None) -> None:
@@ -636,11 +852,16 @@ def _capture_class(Capture: type) -> type:
                 torch._dynamo.reset()   # the hooks are gone: drop the graphs traced with them
             first = time.perf_counter() - t0
             breaks = graph_breaks(before)
-            where = explain_breaks(self.model, inputs, kwinputs) if breaks and self.explain else []
+            # dynamo does not count every break (a branch on a tensor's value is not in its counters): more than
+            # one graph for one forward is asked about too
+            suspect = breaks or len(backend.plans) > 1
+            where = explain_breaks(self.model, inputs, kwinputs) if suspect and self.explain else []
             self.compile_info = {
                 "backend": self.backend, "mode": self.mode, "graphs": len(backend.plans),
                 "graph_nodes": [p.nodes for p in backend.plans], "graph_runs": len(runs),
                 "graph_breaks": where or breaks, "first_run_seconds": round(first, 3)}
+            if backend.kernels:
+                self.compile_info["kernels"] = backend.kernels
             self._writer.set_header(capture={**self._writer._header.get("capture", {}), "compile": self.compile_info})
             for b in where or breaks:
                 at = f" at {b['where']}" if b.get("where") else ""

@@ -98,10 +98,14 @@ def _import(where: str, spec: str):
         if module_spec is None or module_spec.loader is None:
             raise TargetError(f"TARGET {spec!r}: can't import {where}")
         module = importlib.util.module_from_spec(module_spec)
+        # registered as importlib's recipe does: code that imports the module by its name meets it there (dynamo
+        # does, to read the globals of a function it inlines: "No module named '_tensorprobe_target_...'")
+        sys.modules[name] = module
         sys.path.insert(0, str(path.resolve().parent))
         try:
             module_spec.loader.exec_module(module)
         except Exception as e:
+            sys.modules.pop(name, None)
             raise TargetError(f"TARGET {spec!r}: importing {where} raised {type(e).__name__}: {e}") from None
         finally:
             sys.path.pop(0)

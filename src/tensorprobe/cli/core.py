@@ -80,7 +80,7 @@ def capture(
     compile_: bool = typer.Option(False, "--compile", help="Capture the model as torch.compile runs it (statistics "
                                   "computed inside the compiled graph, eager record names; graph breaks reported)."),
     backend: str = typer.Option("inductor", "--backend", help="With --compile: the torch.compile backend "
-                                "(inductor, aot_eager, eager, any registered one; op level: aot_eager)."),
+                                "(inductor, aot_eager, eager, any registered one; op level: aot_eager, inductor)."),
     mode: Optional[str] = typer.Option(None, "--mode", help="With --compile --backend inductor: default, "
                                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs."),
     json_out: bool = JsonOption,

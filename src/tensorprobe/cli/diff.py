@@ -65,6 +65,7 @@ def diff_cmd(
             report = diff(ref, cand, atol=atol, rtol=rtol, min_corr=min_corr, min_snr=min_snr, rules=rule_list,
                           angles=angle or [], db=db or [], progress=lambda name: advance(1, escape(name)))
         judged = _referee(ref, cand, referee, referee_target) if referee else None
+        fact = _kernel_fact(ref, cand, report)
         if html is not None:
             from ..isolate import local_snr_from_json
             from ..report.html import write_diff_html
@@ -80,10 +81,13 @@ def diff_cmd(
         code = EXIT_OK   # it parts from the reference, but is as close to the exact answer: rounding, not a bug
     if json_out:
         emit_json("diff", "ok" if code == EXIT_OK else "finding", {
-            "report": report.to_dict(), "referee": judged.to_dict() if judged else None, "html": str(html) if html else None,
+            "report": report.to_dict(), "referee": judged.to_dict() if judged else None, "inductor": fact,
+            "html": str(html) if html else None,
             "model_explorer": {k: str(v) for k, v in overlays.items()} if overlays else None})
     else:
         render_diff(console, report, show_all=show_all)
+        if fact:
+            console.print(f"[bold]kernels:[/] {escape(fact)}")
         if judged is not None:
             console.print(f"[bold]float64 referee:[/] {escape(judged.summary())}")
             for note in judged.notes:
@@ -125,6 +129,19 @@ def _referee(ref: Path, cand: Path, referee: str, target: Optional[str]):
         fp64 = capture_fp64(tgt.model, *tgt.args, level=level, out=Path(tmp.name) / "fp64", replay_rng=draws,
                             **tgt.kwargs)
         return judge(ref_b, cand_b, fp64, **labels)
+
+
+def _kernel_fact(ref: Path, cand: Path, report) -> Optional[str]:
+    """What Inductor did with the first divergence, when the candidate is an Inductor capture that recorded its
+    kernels (`tensorprobe.inductor_kernels`)."""
+    from ..bundle import Bundle
+    from ..inductor_kernels import kernel_facts
+
+    if report.verdict != "diverged" or not report.first_divergence:
+        return None
+    kernels = ((Bundle.open(cand).manifest.get("capture") or {}).get("compile") or {}).get("kernels")
+    record = Bundle.open(ref).get(report.first_divergence) if kernels else None
+    return kernel_facts(kernels, record.module, record.call) if record is not None else None
 
 
 def _label(bundle, default: str) -> str:

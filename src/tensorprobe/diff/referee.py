@@ -33,7 +33,7 @@ import numpy as np
 
 from ..bundle import Bundle
 from ..numbers import json_number
-from ..record import KIND_MODEL_OUTPUT, WEIGHT_KINDS
+from ..record import KIND_MODEL_OUTPUT, KIND_RNG, WEIGHT_KINDS
 
 # The candidate "parts" when its error to float64 exceeds this many times the reference's own error ...
 PARTS_FACTOR = 2.0
@@ -45,6 +45,7 @@ PARTS_FLOOR = 1e-6
 ILL_CONDITIONED = 1e-2
 
 VERDICT_CLOSER, VERDICT_AS_CLOSE, VERDICT_PARTS = "closer", "as_close", "parts"
+VERDICT_DRAWS_DIFFER = "draws_differ"
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class RefereeReport:
     records: tuple[RefereeRecord, ...] = ()
     skipped: int = 0           # shared records without stored values on all three sides (keep="stats")
     notes: tuple[str, ...] = field(default_factory=tuple)
+    draws_differ: tuple[str, ...] = ()   # random draws whose values differ between the two sides
 
     @property
     def outputs(self) -> tuple[RefereeRecord, ...]:
@@ -85,7 +87,10 @@ class RefereeReport:
     @property
     def verdict(self) -> str:
         """`parts` if the candidate parts from float64 at an output, else `closer` or `as_close` (the outputs'
-        worst), `no_data` when no output could be judged."""
+        worst); `draws_differ` when the two sides drew different random numbers (float64 cannot say which
+        computation is right when their inputs differ); `no_data` when no output could be judged."""
+        if self.draws_differ:
+            return VERDICT_DRAWS_DIFFER
         outs = self.outputs
         if not outs:
             return "no_data"
@@ -98,6 +103,10 @@ class RefereeReport:
         return self.verdict == VERDICT_PARTS
 
     def summary(self) -> str:
+        if self.draws_differ:
+            return (f"the {self.cand_label} and the {self.ref_label} drew different random numbers (first at "
+                    f"{self.draws_differ[0]}): float64 cannot judge two computations fed different noise; replay "
+                    "the draws (compare --replay-rng, or capture --replay-rng) to judge the rest")
         outs = self.outputs
         if not outs:
             return "float64 referee: no model output holds values on all three sides; nothing judged"
@@ -121,6 +130,7 @@ class RefereeReport:
     def to_dict(self) -> dict[str, Any]:
         fp = self.first_parting
         return {"verdict": self.verdict, "summary": self.summary(), "first_parting": fp.name if fp else None,
+                "draws_differ": list(self.draws_differ),
                 "records": [r.to_dict() for r in self.records], "skipped": self.skipped, "notes": list(self.notes)}
 
 
@@ -165,10 +175,15 @@ def referee(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike,
     out: list[RefereeRecord] = []
     skipped = 0
     notes = []
+    draws_differ = []
     for r in sorted(rb.records, key=lambda x: x.order):
         if r.kind in WEIGHT_KINDS or r.kind == "model_input":
             continue
         c, f = cb.get(r.name), fb.get(r.name)
+        if r.kind == KIND_RNG:   # a draw is an input of what follows, not a computation to judge
+            if c is not None and r.has_tensor and c.has_tensor and not _same_draw(rb.numpy(r.name), cb.numpy(c.name)):
+                draws_differ.append(r.name)
+            continue
         if c is None or f is None:
             continue
         if not (r.has_tensor and c.has_tensor and f.has_tensor):
@@ -184,7 +199,15 @@ def referee(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike,
     if skipped:
         notes.append(f"{skipped} shared records hold statistics only (keep='stats'); capture with keep='full' "
                      "for a per-record verdict")
-    return RefereeReport(ref_label, cand_label, tuple(out), skipped, tuple(notes))
+    return RefereeReport(ref_label, cand_label, tuple(out), skipped, tuple(notes), tuple(draws_differ))
+
+
+def _same_draw(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same random numbers, up to the rounding of a cast (a float16 port drawing float32 noise)."""
+    if a.shape != b.shape:
+        return False
+    a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
+    return bool(np.allclose(a64, b64, rtol=1e-3, atol=1e-6, equal_nan=True))
 
 
 def _is_float(dtype: str) -> bool:
