@@ -47,7 +47,7 @@ def test_a_faithful_compile_is_no_finding_and_is_not_bisected(tmp_path):
     res = compare(model, x, "aot_eager", out=tmp_path / "ok", referee="fp64", bisect=True)
     assert not res.finding and res.diff.verdict == "match"
     assert res.referee.verdict == "as_close" and not res.referee.is_bug
-    assert res.bisect is None   # nothing diverged: nothing to bisect
+    assert not res.bisect.bisected and "does not diverge" in res.bisect.summary()   # nothing to bisect
 
 
 def test_bisect_needs_a_torch_compile_runtime():

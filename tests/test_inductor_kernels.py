@@ -16,12 +16,14 @@ def test_facts_words_fused_and_external_kernels():
         {"kernel": "extern_kernels.convolution", "extern": True, "modules": ["conv"], "within": ["conv"],
          "ops": ["convolution"], "reductions": []},
         {"kernel": "cpp_fused_0", "extern": False, "modules": ["norm", "act"], "within": ["act", "block", "norm"],
-         "ops": ["_native_batch_norm_legit", "leaky_relu"], "reductions": ["var_mean"]},
+         "ops": ["_native_batch_norm_legit", "leaky_relu"], "reductions": ["var_mean"],
+         "module_reductions": {"block": ["var_mean"], "norm": ["var_mean"]}},
     ]
     assert kernel_facts(kernels, "conv").startswith("Inductor runs conv as external kernels (convolution)")
     fact = kernel_facts(kernels, "norm")
     assert "one generated kernel with act" in fact and "reduces (var_mean)" in fact
     assert "external kernels: convolution" not in fact
+    assert "reduces" not in kernel_facts(kernels, "act")   # the norm's reduction, fused beside it, is not its own
     assert kernel_facts(kernels, "block") is not None and kernel_facts(kernels, "other") is None
     assert kernel_facts(None, "norm") is None and kernel_facts([], "norm") is None
 

@@ -14,6 +14,7 @@ two, and the first non-finite value on each side.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -169,13 +170,15 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             step("running the model in float64 (the referee)")
             judged = _referee_fp64(model, inputs, ref, view, root, runtime)
         bisected = None
-        if bisect and report.verdict == "diverged":
-            from .compile_bisect import bisect_compile
+        if bisect:
+            from .compile_bisect import CompileBisect, bisect_compile
 
-            step("bisecting the compile (PyTorch's compiler bisector)")
-            opts = runtime_options or {}
-            bisected = bisect_compile(model, inputs, backend=opts.get("backend") or adapter.default_backend,
-                                      mode=opts.get("mode"))
+            bisected = CompileBisect(math.nan, bisected=False)   # asked, and told why nothing was bisected
+            if report.verdict == "diverged":
+                step("bisecting the compile (PyTorch's compiler bisector)")
+                opts = runtime_options or {}
+                bisected = bisect_compile(model, inputs, backend=opts.get("backend") or adapter.default_backend,
+                                          mode=opts.get("mode"))
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
             compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan,

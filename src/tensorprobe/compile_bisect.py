@@ -86,6 +86,8 @@ class CompileBisect:
     def summary(self) -> str:
         runs = f" (found in {self.compiles} compiles, {self.seconds:.0f} s)"
         if not self.bisected:
+            if math.isnan(self.error):   # compare found no divergence: the bisector was not run
+                return "nothing to bisect: the compiled model does not diverge from eager"
             return (f"nothing to bisect: the compiled outputs are within float32 rounding of eager "
                     f"(relative error {self.error:.2g})")
         if self.stage is None:

@@ -12,9 +12,11 @@ reductions summed in Inductor's own order).
 
     >>> kernels = [{"kernel": "cpp_fused_native_group_norm_0", "extern": False, "modules": ["gn", "act"],
     ...             "within": ["act", "gn"], "ops": ["elu", "native_group_norm", "var_mean"],
-    ...             "reductions": ["var_mean"]}]
+    ...             "reductions": ["var_mean"], "module_reductions": {"gn": ["var_mean"]}}]
     >>> print(kernel_facts(kernels, "gn", 0))
-    Inductor fuses gn into one generated kernel with act (ops elu, native_group_norm, var_mean; it reduces (var_mean) in Inductor's own order of summation)
+    Inductor fuses gn into one generated kernel with act (ops elu, native_group_norm, var_mean; it reduces (var_mean) for gn in Inductor's own order of summation)
+    >>> print(kernel_facts(kernels, "act", 0))
+    Inductor fuses act into one generated kernel with gn (ops elu, native_group_norm, var_mean)
 """
 
 from __future__ import annotations
@@ -66,7 +68,12 @@ class KernelRecorder:
                 "modules": list(dict.fromkeys(stacks[n][-1] for n in mine)),        # innermost calls
                 "within": sorted({label for n in mine for label in stacks[n]}),    # and every call around them
                 "ops": sorted({ops[n] for n in mine if ops[n]}),
-                "reductions": sorted({reductions[n] for n in mine if n in reductions})})
+                "reductions": sorted({reductions[n] for n in mine if n in reductions}),
+                # whose reductions they are: a kernel that also computes the next conv's weight norm sums for it,
+                # not for the activation fused beside it
+                "module_reductions": {label: sorted({reductions[n] for n in mine
+                                                     if n in reductions and label in stacks[n]})
+                                      for label in sorted({lb for n in mine if n in reductions for lb in stacks[n]})}})
         return compiled
 
 
@@ -107,8 +114,8 @@ def kernel_facts(kernels: list[dict[str, Any]] | None, module: str, call: int = 
     for k in fused[:3]:
         others = [module_label(m) for m in k["modules"] if me not in _around(kernels, m)]
         with_ = (f" with {', '.join(others[:4])}" + (" and others" if len(others) > 4 else "")) if others else ""
-        red = (f"; it reduces ({', '.join(k['reductions'])}) in Inductor's own order of summation"
-               if k["reductions"] else "")
+        own = k.get("module_reductions", {}).get(me, k["reductions"] if "module_reductions" not in k else [])
+        red = f"; it reduces ({', '.join(own)}) for {label} in Inductor's own order of summation" if own else ""
         parts.append(f"one generated kernel{with_} (ops {', '.join(k.get('ops', []))}{red})")
     more = f", and {len(fused) - 3} more" if len(fused) > 3 else ""
     ext = f"; external kernels: {', '.join(extern)}" if extern else ""

@@ -9,7 +9,8 @@ the same inputs (`tensorprobe.referee.capture_fp64` captures it; `tensorprobe di
 Per record (every name the three bundles share with stored values: all of them with keep="full", the model
 outputs always), with e(x) = ‖x − x64‖ / ‖x64‖:
 
-- `closer`: the candidate is closer to float64 than the reference (e_cand < e_ref);
+- `closer`: the candidate is clearly closer to float64 than the reference (2 e_cand < e_ref, and e_ref above
+  `PARTS_FLOOR`: a hair's difference, 1.5e-07 against 1.5e-07, is `as_close`);
 - `as_close`: within 2x of the reference's own error, or both within float32 rounding of float64 (≤ 1e-5·√n
   is not asked: the floor is the reference's own error, measured here);
 - `parts`: further from float64 than twice the reference's error and than `PARTS_FLOOR`: the candidate computes
@@ -112,7 +113,9 @@ class RefereeReport:
             return "float64 referee: no model output holds values on all three sides; nothing judged"
         worst = max(outs, key=lambda r: r.cand_err / max(r.ref_err, 1e-300))
         c, r = self.cand_label, self.ref_label
-        errs = f"rel err {worst.cand_err:.2g} vs {worst.ref_err:.2g}"
+        # which output (the worst by ratio) and which side each figure is
+        errs = (f"{worst.name}: rel err {worst.cand_err:.2g} {c.split(' ')[0]} vs {worst.ref_err:.2g} "
+                f"{r.split(' ')[0]}")
         # both sides far from float64: the output is decided by rounding, not by either implementation
         neither = (f"; neither is close to float64: at {worst.name} the result depends on rounding (an "
                    "ill-conditioned computation at this precision)"
@@ -125,7 +128,7 @@ class RefereeReport:
             return f"{c} is as close to float64 as {r} at the output ({errs}): {how}{neither}"
         at = self.first_parting
         where = f" at {at.name} ({at.cand_err:.2g} from float64 where {r} is {at.ref_err:.2g})" if at else ""
-        return f"the {c} parts from both the {r} and float64{where}; at the output {errs}"
+        return f"the {c} parts from both the {r} and float64{where}; at the output ({errs})"
 
     def to_dict(self) -> dict[str, Any]:
         fp = self.first_parting
@@ -137,10 +140,10 @@ class RefereeReport:
 def judge(ref_err: float, cand_err: float) -> str:
     """`closer`, `as_close` or `parts` from the two errors to float64 (see the module docstring).
 
-        >>> judge(4.8e-6, 2.1e-6), judge(1e-7, 1.5e-7), judge(1e-7, 3e-3)
-        ('closer', 'as_close', 'parts')
+        >>> judge(4.8e-6, 2.1e-6), judge(1e-7, 1.5e-7), judge(1.5e-7, 1.4e-7), judge(1e-7, 3e-3)
+        ('closer', 'as_close', 'as_close', 'parts')
     """
-    if cand_err < ref_err:
+    if PARTS_FACTOR * cand_err < ref_err and ref_err > PARTS_FLOOR:   # clearly closer, not by a hair
         return VERDICT_CLOSER
     if cand_err <= PARTS_FACTOR * ref_err or cand_err <= PARTS_FLOOR:
         return VERDICT_AS_CLOSE
