@@ -499,7 +499,7 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
             record_inputs: bool = False, channel_dim: int | None = 1,
             on_record: Callable[[Record], None] | None = None, replay_rng: Any = None, weights: bool = True,
             compile: bool = False, backend: str = "inductor", mode: str | None = None,
-            **kwinputs: Any) -> Bundle | Capture:
+            inductor_config: dict[str, Any] | None = None, **kwinputs: Any) -> Bundle | Capture:
     """Capture every intermediate of `model` into a bundle.
 
     Args:
@@ -526,6 +526,8 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
             warnings in the bundle. Op level needs backend="aot_eager".
         backend, mode: the torch.compile backend ("inductor", "aot_eager", "eager", any registered one) and
             Inductor's mode ("max-autotune", ...), with compile=True.
+        inductor_config: Inductor settings for the compile (`torch._inductor.config` names, e.g.
+            `{"emulate_precision_casts": True}`), with compile=True and backend "inductor".
 
     Every tensor the forward returns is recorded as a model output (`output`, `output.0`, `output.wav`)
     with its values, whatever `keep` is, and the bundle records the numerics environment (device, dtypes,
@@ -544,10 +546,10 @@ def capture(model: torch.nn.Module, *inputs: Any, level: str = "module", keep: s
               channel_dim=channel_dim, on_record=on_record, replay_rng=replay_rng, weights=weights)
     if compile:
         from .compiled import compiled_capture
-        cap = compiled_capture(Capture, model, backend=backend, mode=mode, **kw)
+        cap = compiled_capture(Capture, model, backend=backend, mode=mode, inductor_config=inductor_config, **kw)
     else:
-        if mode is not None:
-            raise InputError("mode is a torch.compile setting: pass compile=True with it")
+        if mode is not None or inductor_config:
+            raise InputError("mode and inductor_config are torch.compile settings: pass compile=True with them")
         cap = Capture(model, **kw)
     if not inputs and not kwinputs:
         return cap

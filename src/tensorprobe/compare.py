@@ -178,7 +178,9 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
                 step("bisecting the compile (PyTorch's compiler bisector)")
                 opts = runtime_options or {}
                 bisected = bisect_compile(model, inputs, backend=opts.get("backend") or adapter.default_backend,
-                                          mode=opts.get("mode"))
+                                          mode=opts.get("mode"), inductor_config={
+                                              k: opts[k] for k in ("emulate_precision_casts", "fallback_random")
+                                              if opts.get(k) is not None})
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
             compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan,

@@ -6,13 +6,13 @@ one at a time — dynamo's trace alone (`eager`), AOT autograd (`aot_eager`), In
 (`aot_eager_decomp_partition`), Inductor itself — and, inside the first stage that makes the difference, turns
 its parts off (a configuration change, or a binary search over the decompositions or lowerings it applied) until
 it finds the one whose removal makes the difference go away. tensorprobe gives it the test (the compiled outputs
-are within a tenth of the full compile's error to eager) and three more configuration changes for Inductor while
+are within a quarter of the full compile's error to eager) and three more configuration changes for Inductor while
 it runs: fusion off (`max_fusion_size=1`), reductions not split (`split_reductions=False`), and the CPU kernels
 unvectorised (`cpp.simdlen=1`), which change the order a reduction adds in.
 
     >>> from tensorprobe.compile_bisect import bisect_compile        # doctest: +SKIP
     >>> print(bisect_compile(model, (x,)).summary())                 # doctest: +SKIP
-    the difference comes from a decomposition: Inductor's decomposition of tp_test.rms (... found in 10 compiles)
+    the difference comes from Inductor's decomposition of tp_test.rms.default (number 8 of those applied): without it the compiled outputs match eager (found in 11 compiles, 5 s)
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from .errors import InputError
 from .numbers import json_number
 
 # The compiled outputs count as "the same as eager" once a change brings their error under this share of the
-# full compile's error: a stage that explains the difference removes it, not a part of it.
-FIXED_SHARE = 0.1
+# full compile's error: a stage that explains the difference removes most of it. (A bfloat16 chain rounded as
+# eager rounds, emulate_precision_casts, keeps a tenth of it: sin's own bfloat16 kernel differs.)
+FIXED_SHARE = 0.25
 # Below this relative error at every output the compile is float32 rounding away from eager: nothing to bisect.
 ROUNDING = 1e-6
 SEED = 0   # every run (eager and compiled) starts from this seed, so random draws are the same where they can be
@@ -110,7 +111,7 @@ class CompileBisect:
 
 
 def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: str = "inductor",
-                   mode: str | None = None) -> CompileBisect:
+                   mode: str | None = None, inductor_config: dict[str, Any] | None = None) -> CompileBisect:
     """Recompile `model` stage by stage with PyTorch's compiler bisector and say which stage, and which part of
     it, makes its outputs part from eager's when compiled with `backend` (inductor, aot_eager or one of the
     bisector's stages). Every run starts from the same seed; the model runs under no_grad.
@@ -150,7 +151,9 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
                 return math.inf
         return _worst_error(got, reference)
 
-    with _fresh_compiles():
+    import torch._inductor.config as inductor_config_module
+
+    with _fresh_compiles(), inductor_config_module.patch(inductor_config or {}):
         full = error()
         if full <= ROUNDING:
             return CompileBisect(full, compiles=compiles, seconds=time.monotonic() - started, bisected=False)

@@ -571,13 +571,16 @@ class CompiledRun:
 
     def __init__(self, model: torch.nn.Module, *, level: str, backend: str, mode: str | None, keep_full: bool,
                  wanted: Callable[[str], bool], placeholder_names: Callable[[list], dict[str, str]],
-                 on_graph_run: Callable[[GraphPlan, list], None]):
+                 on_graph_run: Callable[[GraphPlan, list], None], inductor_config: dict[str, Any] | None = None):
         if level == "op" and backend not in OP_LEVEL_BACKENDS:
             raise InputError(f"op-level capture of a compiled model supports backend "
                              f"{', '.join(OP_LEVEL_BACKENDS)} (the graph after AOT autograd); use level='module' "
                              f"with backend {backend!r}")
         if mode is not None and backend != "inductor":
             raise InputError(f"--mode {mode!r} is an Inductor setting; backend {backend!r} takes none")
+        if inductor_config and backend != "inductor":
+            raise InputError(f"Inductor settings ({', '.join(inductor_config)}) need backend inductor, not {backend!r}")
+        self.inductor_config = dict(inductor_config or {})
         self.model = model
         self.level = level
         self.backend = backend
@@ -637,7 +640,7 @@ class CompiledRun:
             raise InputError(f"unknown --mode {self.mode!r}; use default, reduce-overhead, max-autotune or "
                              "max-autotune-no-cudagraphs")
         options = torch._inductor.list_mode_options(self.mode) if self.mode else {}
-        return {**options, **PROVENANCE}
+        return {**options, **self.inductor_config, **PROVENANCE}
 
     def _module_call(self, node) -> list[tuple[str, int]] | None:
         """(module path, call index) of each module call a graph node was traced inside, outermost first; [("", 0)]
@@ -764,7 +767,7 @@ def _capture_class(Capture: type) -> type:
         """`Capture` of the model as `torch.compile(backend=...)` runs it (see the module docstring)."""
 
         def __init__(self, model: torch.nn.Module, *, backend: str = "inductor", mode: str | None = None,
-                     explain: bool = True, **kw: Any):
+                     explain: bool = True, inductor_config: dict[str, Any] | None = None, **kw: Any):
             super().__init__(model, **kw)
             if self.replay is not None:
                 raise InputError("replay_rng is not supported with compile=True: a compiled graph draws its own "
@@ -774,6 +777,7 @@ def _capture_class(Capture: type) -> type:
             self.backend = backend
             self.mode = mode
             self.explain = explain
+            self.inductor_config = inductor_config
             self.compile_info: dict[str, Any] = {}
 
         def _install(self) -> None:
@@ -813,6 +817,7 @@ def _capture_class(Capture: type) -> type:
                 record_graph_run(rec, plan, extra, self.channel_dim)
 
             backend = CompiledRun(self.model, level=self.level, backend=self.backend, mode=self.mode,
+                                  inductor_config=self.inductor_config,
                                   keep_full=self.keep_full, wanted=lambda name: rec.wanted(name, KIND_OUTPUT),
                                   placeholder_names=placeholder_names, on_graph_run=on_graph_run)
             def eager_mark(outs: list, ins: list, path: str, cls: str) -> None:
@@ -857,7 +862,9 @@ def _capture_class(Capture: type) -> type:
             suspect = breaks or len(backend.plans) > 1
             where = explain_breaks(self.model, inputs, kwinputs) if suspect and self.explain else []
             self.compile_info = {
-                "backend": self.backend, "mode": self.mode, "graphs": len(backend.plans),
+                "backend": self.backend, "mode": self.mode, **({"inductor_config": self.inductor_config}
+                                                               if self.inductor_config else {}),
+                "graphs": len(backend.plans),
                 "graph_nodes": [p.nodes for p in backend.plans], "graph_runs": len(runs),
                 "graph_breaks": where or breaks, "first_run_seconds": round(first, 3)}
             if backend.kernels:
@@ -885,7 +892,7 @@ def _capture_class(Capture: type) -> type:
 
 
 def compiled_capture(base: type, model: torch.nn.Module, *, backend: str = "inductor", mode: str | None = None,
-                     **kw: Any):
+                     inductor_config: dict[str, Any] | None = None, **kw: Any):
     """A `Capture` (subclass of `base`, capture.Capture) that records the compiled model (`capture(..., compile=True)`
     builds it)."""
-    return _capture_class(base)(model, backend=backend, mode=mode, **kw)
+    return _capture_class(base)(model, backend=backend, mode=mode, inductor_config=inductor_config, **kw)

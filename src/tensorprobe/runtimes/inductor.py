@@ -1,5 +1,6 @@
 """torch.compile as a runtime: `tensorprobe compare TARGET --runtime inductor` (or `aot_eager`, or any registered
-backend with `-O backend=NAME`, and `-O mode=max-autotune-no-cudagraphs`).
+backend with `-O backend=NAME`, `-O mode=max-autotune-no-cudagraphs`, and Inductor's precision settings
+`-O emulate_precision_casts=true`, `-O fallback_random=true`).
 
 The model runs as `torch.compile` runs it, captured by `tensorprobe.compiled` (statistics or values taken inside
 the compiled graph, records named as an eager capture names them); this adapter hands those records to the
@@ -29,6 +30,7 @@ class CompiledArtifact:
     backend: str
     mode: str | None
     compile_info: dict | None = None   # the last run's graphs, breaks and first-call time (`capture.compile`)
+    inductor_config: dict | None = None   # Inductor settings (-O emulate_precision_casts=true)
 
 
 class InductorAdapter(RuntimeAdapter):
@@ -40,16 +42,22 @@ class InductorAdapter(RuntimeAdapter):
     default_backend = "inductor"
 
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, backend: str | None = None,
-                 mode: str | None = None) -> CompiledArtifact:
-        """Nothing to export: the compile happens at the first run, inside the capture (compile time counts there)."""
-        return CompiledArtifact(model, backend or self.default_backend, mode)
+                 mode: str | None = None, emulate_precision_casts: bool | None = None,
+                 fallback_random: bool | None = None) -> CompiledArtifact:
+        """Nothing to export: the compile happens at the first run, inside the capture (compile time counts there).
+        `emulate_precision_casts` (round float16/bfloat16 intermediates as eager does) and `fallback_random`
+        (draw eager's random numbers) are Inductor's settings of those names."""
+        config = {k: v for k, v in {"emulate_precision_casts": emulate_precision_casts,
+                                    "fallback_random": fallback_random}.items() if v is not None}
+        return CompiledArtifact(model, backend or self.default_backend, mode, inductor_config=config or None)
 
     def _run(self, artifact: CompiledArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
         from ..capture import capture
 
         with tempfile.TemporaryDirectory(prefix="tensorprobe-compiled-") as tmp:
             b = capture(artifact.model, *inputs, keep="full", compile=True, backend=artifact.backend,
-                        mode=artifact.mode, out=Path(tmp) / "compiled", weights=False)
+                        mode=artifact.mode, inductor_config=artifact.inductor_config, out=Path(tmp) / "compiled",
+                        weights=False)
             artifact.compile_info = (b.manifest.get("capture") or {}).get("compile")
             for r in sorted(b.records, key=lambda r: r.order):
                 if r.kind in WEIGHT_KINDS or r.kind == KIND_MODEL_INPUT:
@@ -69,6 +77,8 @@ class InductorAdapter(RuntimeAdapter):
         info = {"name": self.name, "version": torch.__version__}
         if isinstance(artifact, CompiledArtifact):
             info.update(backend=artifact.backend, mode=artifact.mode)
+            if artifact.inductor_config:
+                info["inductor_config"] = artifact.inductor_config
             if artifact.compile_info:
                 info["compile"] = artifact.compile_info
         return info
