@@ -344,9 +344,8 @@ def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], 
                 for i, node in outs:
                     name = record_name(module, call, f"{group.base}.{group.k}.{base}", j,
                                        output=i if multi else None)
-                    _plan_value(plan, node, name, (name, module, call, op, tuple(
-                        dict.fromkeys(produced[a] for a in n.all_input_nodes if a in produced))), keep_full,
-                        wanted, base, tags, produced)
+                    _plan_value(plan, node, (name, module, call, op, inputs), keep_full, wanted, base, tags,
+                                produced)
                 continue
         key = (module, call, base)
         k = counts.get(key, 0) if group is None or group.output is not n else group.k
@@ -354,18 +353,7 @@ def plan_op_level(gm, paths: dict[str, str], placeholder_names: dict[str, str], 
             counts[key] = k + 1
         for i, node in outs:
             name = record_name(module, call, op, k, output=i if multi else None)
-            if not wanted(name):
-                continue
-            entry = _new_entry(node, keep_full)
-            if base in RNG_OPS:
-                entry.kind = KIND_RNG
-                entry.full = True
-            if str(op).startswith("quantized::"):
-                entry.tags = (TAG_QUANTIZED,)
-            entry.tags += tags
-            plan.entries.append(entry)
-            plan.add(entry, (name, module, call, op, inputs))
-            produced[node] = name
+            _plan_value(plan, node, (name, module, call, op, inputs), keep_full, wanted, base, tags, produced)
     return plan
 
 
@@ -412,28 +400,45 @@ def _decompositions(gm, paths: dict[str, str]) -> dict[Any, _Decomposition]:
     return out
 
 
-def _plan_value(plan: GraphPlan, node, name: str, key: tuple, keep_full: bool, wanted: Callable[[str], bool],
-                base: str, tags: tuple[str, ...], produced: dict) -> None:
-    """Plan one op output of a decomposition (named inside the eager op it comes from)."""
+def _plan_value(plan: GraphPlan, node, key: tuple, keep_full: bool, wanted: Callable[[str], bool], base: str,
+                tags: tuple[str, ...], produced: dict) -> None:
+    """Plan one op output, `key` = (record name, module, call, op, input names)."""
+    name, op = key[0], key[3]
     if not wanted(name):
         return
     entry = _new_entry(node, keep_full)
     if base in RNG_OPS:
         entry.kind = KIND_RNG
         entry.full = True
+    if str(op).startswith("quantized::"):
+        entry.tags = (TAG_QUANTIZED,)
     entry.tags += tags
     plan.entries.append(entry)
     plan.add(entry, key)
     produced[node] = name
 
 
-def instrument(gm, plan: GraphPlan) -> None:
-    """Add each entry's statistics (or the value itself) to `gm`'s outputs, after the graph's own."""
+def _own_outputs(gm, plan: GraphPlan) -> tuple[Any, Any, tuple]:
+    """(graph, its output node, the graph's own outputs); the plan notes how many it has."""
     graph = gm.graph
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     own = out_node.args[0]
     own = tuple(own) if isinstance(own, (tuple, list)) else (own,)
     plan.outputs = len(own)
+    return graph, out_node, own
+
+
+def _set_outputs(gm, plan: GraphPlan, out_node, own: tuple, extra: list, stacked: bool) -> None:
+    """The graph returns its own outputs, then the instrumented ones."""
+    plan.stacked = stacked
+    out_node.args = (own + tuple(extra),)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def instrument(gm, plan: GraphPlan) -> None:
+    """Add each entry's statistics (or the value itself) to `gm`'s outputs, after the graph's own."""
+    graph, out_node, own = _own_outputs(gm, plan)
     extra, stats = [], []
     for e in plan.entries:
         # taken right after the value is made: code after it may change it in place (Kokoro's `xs += block(x)`,
@@ -445,26 +450,19 @@ def instrument(gm, plan: GraphPlan) -> None:
     if stats:   # one [entries x 7] output: the host reads every statistic with one copy (one sync on a GPU)
         with graph.inserting_before(out_node):
             extra.append(graph.call_function(torch.stack, (stats,)))
-    plan.stacked = bool(stats)
-    out_node.args = (own + tuple(extra),)
-    graph.lint()
-    gm.recompile()
+    _set_outputs(gm, plan, out_node, own, extra, bool(stats))
 
 
 def instrument_aten(gm, plan: GraphPlan) -> None:
     """`instrument` for a graph that only aten ops may enter (Inductor's, after AOT autograd): each statistics
     vector is `graph_stats` traced to aten ops with Inductor's decompositions (on a fake value of the entry's
-    shape) and copied in, full values
-    are returned as they are (the graph is functional: nothing changes a value after it is made)."""
+    shape) and copied in; full values are returned as they are (the graph is functional: nothing changes a value
+    after it is made)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    graph = gm.graph
-    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
-    own = out_node.args[0]
-    own = tuple(own) if isinstance(own, (tuple, list)) else (own,)
-    plan.outputs = len(own)
+    graph, out_node, own = _own_outputs(gm, plan)
     extra, stats = [], []
     traced: dict[tuple, Any] = {}
     with graph.inserting_before(out_node):
@@ -489,10 +487,7 @@ def instrument_aten(gm, plan: GraphPlan) -> None:
                             tracing_mode="fake")(*vectors)
             slots = [n for n in stack.graph.nodes if n.op == "placeholder"]
             extra.append(graph.graph_copy(stack.graph, dict(zip(slots, stats))))
-    plan.stacked = bool(stats)
-    out_node.args = (own + tuple(extra),)
-    graph.lint()
-    gm.recompile()
+    _set_outputs(gm, plan, out_node, own, extra, bool(stats))
 
 
 def _placeholder(gm) -> Any:
