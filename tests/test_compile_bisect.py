@@ -180,3 +180,33 @@ def test_inductor_keeping_float32_inside_a_fused_kernel_is_named_and_judged_clos
     def output_error(r):
         return next(p.metrics["rel_l2_err"] for p in r.diff.pairs if p.name.startswith("output"))
     assert output_error(emulated) < output_error(res) / 5
+
+
+class PhaseSource(torch.nn.Module):
+    """A harmonic source: sin of the running sum of F0, times `k` (a vocoder's phase, the Kokoro decoder's source).
+    Compiled, F0 is scaled by 1 + `nudge` (a compile-only change of rounding size, as a reordered sum makes)."""
+
+    def __init__(self, k: float, nudge: float):
+        super().__init__()
+        self.k, self.nudge = k, nudge
+
+    def forward(self, f0):
+        if torch.compiler.is_compiling():
+            f0 = f0 * (1 + self.nudge)
+        return torch.sin(torch.cumsum(f0 * 2 * torch.pi / 24000, dim=-1) * self.k)
+
+
+def test_a_model_that_amplifies_rounding_is_not_bisected():
+    """A long phase turns a compile-only change of 1e-7 into an O(1) output difference, and a 1e-6 change of the
+    input moves eager's output as much: the bisector's test would blame the first stage that rounds otherwise (on
+    the Kokoro decoder it named Inductor's decomposition of aten.angle where the cause was Inductor's own random
+    numbers), so it is not run, and says why. The same source with a short phase and a visible change (1e-3) is
+    bisected as usual, to dynamo's trace."""
+    torch.manual_seed(0)
+    f0 = 200 + 50 * torch.rand(1, 48000)
+    found = bisect_compile(PhaseSource(5000.0, 1e-7), (f0,), backend="aot_eager")
+    assert found.error > 1e-2
+    assert not found.bisected and found.sensitivity > 0.25 * found.error
+    assert "the model amplifies rounding" in found.summary()
+    short = bisect_compile(PhaseSource(1.0, 1e-3), (f0[:, :4800],), backend="aot_eager")
+    assert short.bisected and short.stage == "eager" and short.sensitivity is None

@@ -37,16 +37,17 @@ class UpsampledInverse(nn.Module):
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_issue_181696_eager_is_the_side_with_the_rounding_noise(tmp_path, scale):
     """Any constant input (1 as reported, 2: the truth kept) diverges at the GroupNorm, and the referee finds the
-    compiled side closer to float64: no finding. The bisector names the GroupNorm decomposition, as PyTorch's
-    own repro agent did on the issue."""
+    compiled side closer to float64: no finding. The bisect is not run: a 1e-6 change of the input moves eager's
+    output by more than the compile does (PyTorch's repro agent bisected it to the GroupNorm decomposition, which
+    only rounds otherwise: with this model any stage that rounds otherwise is 'the cause')."""
     res = compare(BnEluGn().eval(), (scale * torch.ones(6, 10, 12),), "inductor", out=tmp_path / "c",
                   referee="fp64", bisect=True)
     assert res.diff.verdict == "diverged" and res.first_divergence == "gn"
     assert res.referee.verdict == "closer" and not res.finding
     out = res.referee.outputs[0]
     assert out.cand_err < 1e-6 < 1e-2 < out.ref_err
-    assert (res.bisect.stage, res.bisect.part) == ("aot_eager_decomp_partition", "decomposition")
-    assert "native_group_norm" in res.bisect.detail
+    assert not res.bisect.bisected and res.bisect.sensitivity > 0.25 * res.bisect.error
+    assert "the model amplifies rounding" in res.bisect.summary()
 
 
 def test_issue_181696_on_a_varying_input_is_a_match(tmp_path):

@@ -152,3 +152,31 @@ def test_inductor_bfloat16_is_closer_to_float64_than_eager_bfloat16(tmp_path):
                 cand_label="compiled")
     assert not r.is_bug, r.summary()
     assert r.outputs[0].cand_err <= r.outputs[0].ref_err * 2
+
+
+class _CompileOnlySlope(torch.nn.Module):
+    """A LeakyReLU whose compiled path uses slope 0.3 instead of the model's."""
+
+    def __init__(self, slope):
+        super().__init__()
+        self.slope = slope
+
+    def forward(self, x):
+        return torch.nn.functional.leaky_relu(x, 0.3 if torch.compiler.is_compiling() else self.slope)
+
+
+@pytest.mark.slow
+def test_a_compile_only_bug_in_a_model_that_amplifies_rounding_is_still_a_bug(tmp_path):
+    """The Kokoro decoder's float32 output is itself 1.2 (relative) from float64: at the outputs both sides are
+    'as close', and the referee cleared a compile-only slope change in encode.actv (exit 0, found by the new-user
+    validation). With outputs that cannot tell, the first record where eager is still close to float64 and the
+    compiled side is 100x further decides: it parts there."""
+    from tensorprobe.compare import compare
+    from tensorprobe.examples import kokoro
+
+    model, x = kokoro.decoder()
+    model.encode.actv = _CompileOnlySlope(model.encode.actv.negative_slope)
+    res = compare(model, x, "aot_eager", out=tmp_path / "k", referee="fp64")
+    assert res.referee.ill_conditioned and res.referee.verdict == "parts" and res.finding
+    assert res.referee.clear_parting.name == "encode.actv"
+    assert "the record decides" in res.referee.summary()

@@ -16,6 +16,11 @@ outputs always), with e(x) = ‖x − x64‖ / ‖x64‖:
 - `parts`: further from float64 than twice the reference's error and than `PARTS_FLOOR`: the candidate computes
   something else. The first such record in execution order is where it parts.
 
+The report's verdict is the outputs': `parts` if one parts, else `closer` / `as_close`. When every output is far
+from float64 on both sides (a model that amplifies rounding: a vocoder's phase), the outputs cannot tell, and a
+record decides: the candidate parts if, somewhere the reference is still close to float64, it is 100 times further
+and at least 1e-4 away (`clear_parting`).
+
 Reads bundles with NumPy only.
 
     >>> r = referee("eager", "compiled", "fp64")                 # doctest: +SKIP
@@ -44,6 +49,9 @@ PARTS_FLOOR = 1e-6
 
 # Both sides further than this from float64 at an output: neither computes it; rounding decides it.
 ILL_CONDITIONED = 1e-2
+# Where the outputs are so decided, a record decides instead if the candidate is this much further from float64
+# than the reference there, and at least this far (rounding differences stay far below both).
+CLEAR_FACTOR, CLEAR_FLOOR = 100.0, 1e-4
 
 VERDICT_CLOSER, VERDICT_AS_CLOSE, VERDICT_PARTS = "closer", "as_close", "parts"
 VERDICT_DRAWS_DIFFER = "draws_differ"
@@ -97,7 +105,26 @@ class RefereeReport:
             return "no_data"
         if any(r.verdict == VERDICT_PARTS for r in outs):
             return VERDICT_PARTS
+        if self.clear_parting is not None:   # outputs decided by rounding: the record where it parts decides
+            return VERDICT_PARTS
         return VERDICT_CLOSER if all(r.verdict == VERDICT_CLOSER for r in outs) else VERDICT_AS_CLOSE
+
+    @property
+    def ill_conditioned(self) -> bool:
+        """Every output is far from float64 on both sides: the model amplifies rounding until the outputs say
+        nothing of which side computes right (a vocoder's phase: Kokoro's float32 output is 1.2 from float64)."""
+        outs = self.outputs
+        return bool(outs) and all(min(o.cand_err, o.ref_err) > ILL_CONDITIONED for o in outs)
+
+    @property
+    def clear_parting(self) -> RefereeRecord | None:
+        """With ill-conditioned outputs, the first record where the reference is still close to float64 and the
+        candidate is far from both (`CLEAR_FACTOR` times the reference's error and above `CLEAR_FLOOR`): a
+        computation that is not the reference's, before the amplification hides it."""
+        if not self.ill_conditioned:
+            return None
+        return next((r for r in self.records if r.kind != KIND_MODEL_OUTPUT and r.ref_err <= ILL_CONDITIONED
+                     and r.cand_err > max(CLEAR_FACTOR * r.ref_err, CLEAR_FLOOR)), None)
 
     @property
     def is_bug(self) -> bool:
@@ -126,12 +153,15 @@ class RefereeReport:
             how = ("the same error; this is not a bug" if all(o.cand_err == o.ref_err for o in outs)
                    else "they round differently; this is not a bug")
             return f"{c} is as close to float64 as {r} at the output ({errs}): {how}{neither}"
-        at = self.first_parting
+        at = self.clear_parting or self.first_parting
         where = f" at {at.name} ({at.cand_err:.2g} from float64 where {r} is {at.ref_err:.2g})" if at else ""
+        if self.clear_parting is not None:
+            return (f"the {c} parts from both the {r} and float64{where}; the outputs cannot tell (both far from "
+                    f"float64: {errs}, the model amplifies rounding), so the record decides")
         return f"the {c} parts from both the {r} and float64{where}; at the output ({errs})"
 
     def to_dict(self) -> dict[str, Any]:
-        fp = self.first_parting
+        fp = self.clear_parting or self.first_parting
         return {"verdict": self.verdict, "summary": self.summary(), "first_parting": fp.name if fp else None,
                 "draws_differ": list(self.draws_differ),
                 "records": [r.to_dict() for r in self.records], "skipped": self.skipped, "notes": list(self.notes)}
@@ -217,4 +247,4 @@ def _is_float(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat")) or dtype in ("half", "double")
 
 
-__all__ = ["PARTS_FACTOR", "PARTS_FLOOR", "RefereeRecord", "RefereeReport", "judge", "referee"]
+__all__ = ["CLEAR_FACTOR", "CLEAR_FLOOR", "ILL_CONDITIONED", "PARTS_FACTOR", "PARTS_FLOOR", "RefereeRecord", "RefereeReport", "judge", "referee"]
