@@ -207,6 +207,7 @@ def _compile_notes(cand: Bundle) -> tuple[str, ...]:
     """The graph breaks of a compiled run: the code between its graphs ran eagerly (capture --compile warns of
     each; compare says so too)."""
     breaks = (cand.runtime.get("compile") or {}).get("graph_breaks") or []
+    breaks = list({(b.get("where"), b.get("reason")): b for b in breaks}.values())   # explain repeats a break
     notes = []
     for b in breaks[:3]:
         at = f" at {b['where']}" if b.get("where") else ""

@@ -554,8 +554,25 @@ def explain_breaks(model, inputs: tuple, kwinputs: dict) -> list[dict[str, Any]]
     out = []
     for r in getattr(ex, "break_reasons", []) or []:
         where = user_frame(getattr(r, "user_stack", None))
-        out.append({"reason": str(getattr(r, "reason", r)).strip().splitlines()[0], "where": where})
+        out.append({"reason": plain_reason(str(getattr(r, "reason", r)).strip().splitlines()[0]), "where": where})
     return out
+
+
+# dynamo's terse break reasons, said in words (the reason itself is kept in front)
+_REASONS = (("generic_jump TensorVariable", "a Python branch (if/while) on a tensor's value"),
+            ("step_unsupported", "code dynamo does not trace (nn.GRU/nn.LSTM run eagerly, for one)"),
+            ("data dependent operator", "an op whose output shape depends on the values (nonzero, unique, ...)"),
+            ("Tensor.item", "a tensor turned into a Python number (.item(), float(t))"))
+
+
+def plain_reason(reason: str) -> str:
+    """dynamo's break reason, with what it means where it is terse.
+
+        >>> plain_reason("generic_jump TensorVariable()")
+        "generic_jump TensorVariable(): a Python branch (if/while) on a tensor's value"
+    """
+    words = next((w for key, w in _REASONS if key in reason), None)
+    return f"{reason}: {words}" if words else reason
 
 
 class CompiledRun:
