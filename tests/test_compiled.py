@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import tensorprobe as tp
+# imported when the tests are collected: the docs tests later put their own copies of examples/ in sys.modules
+from examples.compiled_net import build as example_net, wrong_decomposition
 from tensorprobe import InputError
 from tensorprobe.compiled import graph_stats, stats_from_vector
 from tensorprobe.stats import compute_stats
@@ -343,9 +345,7 @@ def test_inductor_op_level_names_each_decomposition_by_the_eager_op(tmp_path):
     named as eager names the op (so diff pairs it), the others inside it, tagged with the op they decompose. A
     faithful compile matches eager op by op; a custom op whose Inductor decomposition divides by n - 1 is found
     at that op, not only at its module."""
-    from examples.compiled_net import build, wrong_decomposition
-
-    model, x = build()
+    model, x = example_net()
     eager = tp.capture(model, *x, level="op", keep="full", out=tmp_path / "e")
     comp = tp.capture(model, *x, level="op", keep="full", compile=True, backend="inductor", out=tmp_path / "c")
     inner = comp["blocks.0.act/leaky_relu.0.gt.0"]

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import tensorprobe as tp
+# imported when the tests are collected: the docs tests later put their own copies of examples/ in sys.modules
+from examples.noisy import build as noisy
 from tensorprobe.diff.referee import judge, referee
 from tensorprobe.referee import capture_fp64
 from tests.test_compiled import LowPrecisionNorm, _net
@@ -89,8 +91,6 @@ def test_the_float64_run_draws_the_references_noise(tmp_path):
     are judged on the same noise (relative error ~1e-7); drawing its own, the referee was 0.16 from both, and a
     compile that changed the noise's scale would have been 'as close' too. The CLI replays when the reference
     bundle holds draws; `capture_fp64` takes `replay_rng`."""
-    from examples.noisy import build as noisy
-
     model, x = noisy()
     torch.manual_seed(0)
     eager = tp.capture(model, *x, keep="full", out=tmp_path / "e")
