@@ -361,3 +361,20 @@ def test_inductor_op_level_names_each_decomposition_by_the_eager_op(tmp_path):
     report = tp.diff(eager, bad)
     assert report.verdict == "diverged" and report.first_divergence == "blocks.1.act.1/tp_example.rms.0"
     assert "blocks.1.act.1/tp_example.rms.0.sum.0" in bad
+
+
+def test_a_weight_normed_model_compiles_after_lightning_patched_torch_compile(tmp_path):
+    """Lightning Fabric, once imported, wraps torch.compile and deep-copies its keyword arguments: our backend
+    (which holds the model) was copied, and a weight-normed model cannot be (the full suite failed so after
+    guide-training's Lightning block ran in the same process). The backend is its own copy now."""
+    pytest.importorskip("lightning.fabric")
+    import lightning.fabric  # noqa: F401
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 4, 3)),
+                                torch.nn.utils.weight_norm(torch.nn.Conv1d(4, 4, 3))).eval()
+    x = torch.randn(1, 4, 16)
+    model(x)   # a forward with gradients on leaves weight_norm's `weight` a non-leaf tensor, which cannot be copied
+    comp = tp.capture(model, x, compile=True, backend="aot_eager", out=tmp_path / "c")
+    eager = tp.capture(model, x, out=tmp_path / "e")
+    assert [r.name for r in comp] == [r.name for r in eager] and tp.diff(eager, comp).verdict == "match"

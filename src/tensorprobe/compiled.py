@@ -609,6 +609,12 @@ class CompiledRun:
         self.calls: dict[str, int] = {}   # module path -> calls named so far (graphs and eager code alike)
         self.kernels: list[dict[str, Any]] = []   # Inductor's kernels and the module calls each computes
 
+    def __deepcopy__(self, memo: dict) -> "CompiledRun":
+        # One backend per capture, holding the model and what it recorded: a copy would record into nothing.
+        # Lightning Fabric's patched torch.compile deep-copies its keyword arguments (a weight-normed model
+        # cannot be copied at all: "Only Tensors created explicitly by the user support the deepcopy protocol").
+        return self
+
     def __call__(self, gm, example_inputs):
         index = len(self.plans)
         names = self.placeholder_names(list(example_inputs)) if example_inputs else {}
@@ -850,10 +856,10 @@ def _capture_class(Capture: type) -> type:
             # & co. (its random-draw entry points) it would hold the wrappers, and every draw would break the graph
             torch._dynamo.trace_rules.clear_lru_cache()
             before = dict(counters.get("graph_break", {}))
-            compiled = torch.compile(self.model, backend=backend, dynamic=False)
             t0 = time.perf_counter()
             _EAGER_MARK.append(eager_mark)
-            try:
+            try:   # the hooks come off whatever fails, torch.compile itself included
+                compiled = torch.compile(self.model, backend=backend, dynamic=False)
                 with torch.no_grad():
                     output = compiled(*inputs, **kwinputs)
             except InputError:
