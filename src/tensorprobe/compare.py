@@ -220,11 +220,9 @@ def _compile_notes(cand: Bundle) -> tuple[str, ...]:
 def _kernel_notes(ref: Bundle, cand: Bundle, first: str | None) -> tuple[str, ...]:
     """What Inductor did with the module call where a compiled model first parts from eager (the kernels it
     recorded while compiling: `tensorprobe.inductor_kernels`); nothing for other runtimes."""
-    from .inductor_kernels import kernel_facts
+    from .inductor_kernels import divergence_fact
 
-    record = ref.get(first) if first else None
-    kernels = (cand.runtime.get("compile") or {}).get("kernels")
-    fact = kernel_facts(kernels, record.module, record.call) if record is not None and kernels else None
+    fact = divergence_fact(ref, cand, first) if first else None
     return (fact,) if fact else ()
 
 
@@ -242,8 +240,7 @@ def _referee_fp64(model: torch.nn.Module, inputs: tuple, ref: Bundle, cand: Bund
     from .diff.referee import referee as judge
     from .referee import capture_fp64
 
-    draws = ref if any(r.kind == KIND_RNG for r in ref.records) else None
-    fp64 = capture_fp64(model, *inputs, level="module", out=root / "fp64", replay_rng=draws)
+    fp64 = capture_fp64(model, *inputs, level="module", out=root / "fp64", replay_rng=ref)
     compiled = _compiled(runtime)   # torch.compile: eager against compiled
     return judge(ref, cand, fp64, ref_label="eager" if compiled else "PyTorch",
                  cand_label=f"compiled ({runtime})" if compiled else runtime)

@@ -122,6 +122,15 @@ def kernel_facts(kernels: list[dict[str, Any]] | None, module: str, call: int = 
     return f"Inductor fuses {label} into {'; '.join(parts)}{more}{ext}"
 
 
+def divergence_fact(ref: Any, cand: Any, name: str) -> str | None:
+    """`kernel_facts` for the record `name` of the reference bundle `ref`, from the kernels the candidate bundle
+    recorded: a `capture --compile` bundle keeps them in `capture.compile`, a compare's runtime capture in
+    `runtime.compile`. None when the candidate recorded none or `ref` has no such record."""
+    compiled = (cand.manifest.get("capture") or {}).get("compile") or cand.runtime.get("compile") or {}
+    record = ref.get(name) if compiled.get("kernels") else None
+    return kernel_facts(compiled.get("kernels"), record.module, record.call) if record is not None else None
+
+
 def _around(kernels: list[dict[str, Any]], label: str) -> set[str]:
     """The calls `label` runs inside (itself included), as the kernels recorded them."""
     for k in kernels:
@@ -135,4 +144,4 @@ def _contains(outer: str, inner: str) -> bool:
     return path == "<root>" or inner.split("@")[0].startswith(path + ".")
 
 
-__all__ = ["KernelRecorder", "PROVENANCE", "REDUCTIONS", "kernel_facts"]
+__all__ = ["KernelRecorder", "PROVENANCE", "REDUCTIONS", "divergence_fact", "kernel_facts"]

@@ -24,6 +24,7 @@ import torch
 
 from .bundle import Bundle
 from .errors import InputError
+from .record import KIND_RNG
 
 
 def _widen(value: Any) -> Any:
@@ -43,11 +44,14 @@ def capture_fp64(model: torch.nn.Module, *inputs: Any, level: str = "module", ou
     """Capture a float64 copy of `model` on `inputs` widened to float64, every value kept (`keep="full"`).
 
     The model itself is left as it is. A model that draws random numbers needs `replay_rng` (the reference
-    bundle): the float64 run then draws the reference's tensors, widened, instead of its own. A model that
+    bundle): the float64 run then draws the reference's tensors, widened, instead of its own (a bundle that
+    drew nothing is not replayed). A model that
     cannot run in float64 (an op without a float64 kernel, a dtype fixed inside its code) raises `InputError`
     saying so."""
     from .capture import capture
 
+    if isinstance(replay_rng, Bundle) and not any(r.kind == KIND_RNG for r in replay_rng.records):
+        replay_rng = None   # a reference that drew nothing: nothing to replay
     twin = copy.deepcopy(model).to(torch.float64).eval()
     try:
         return capture(twin, *_widen(inputs), level=level, keep="full", out=out, replay_rng=replay_rng,

@@ -123,11 +123,8 @@ def _referee(ref: Path, cand: Path, referee: str, target: Optional[str]):
     level = (ref_b.manifest.get("capture") or {}).get("level", "module")
     tmp = tempfile.TemporaryDirectory(prefix="tensorprobe-fp64-")
     with tmp:
-        from ..record import KIND_RNG
-
-        draws = ref_b if any(r.kind == KIND_RNG for r in ref_b.records) else None   # the float64 run draws the same
-        fp64 = capture_fp64(tgt.model, *tgt.args, level=level, out=Path(tmp.name) / "fp64", replay_rng=draws,
-                            **tgt.kwargs)
+        fp64 = capture_fp64(tgt.model, *tgt.args, level=level, out=Path(tmp.name) / "fp64", replay_rng=ref_b,
+                            **tgt.kwargs)   # the float64 run draws the reference's random tensors
         return judge(ref_b, cand_b, fp64, **labels)
 
 
@@ -135,13 +132,11 @@ def _kernel_fact(ref: Path, cand: Path, report) -> Optional[str]:
     """What Inductor did with the first divergence, when the candidate is an Inductor capture that recorded its
     kernels (`tensorprobe.inductor_kernels`)."""
     from ..bundle import Bundle
-    from ..inductor_kernels import kernel_facts
+    from ..inductor_kernels import divergence_fact
 
     if report.verdict != "diverged" or not report.first_divergence:
         return None
-    kernels = ((Bundle.open(cand).manifest.get("capture") or {}).get("compile") or {}).get("kernels")
-    record = Bundle.open(ref).get(report.first_divergence) if kernels else None
-    return kernel_facts(kernels, record.module, record.call) if record is not None else None
+    return divergence_fact(Bundle.open(ref), Bundle.open(cand), report.first_divergence)
 
 
 def _label(bundle, default: str) -> str:
