@@ -53,3 +53,25 @@ def test_compare_names_the_kernel_of_the_first_divergence(tmp_path):
     assert res.first_divergence == "blocks.1.act.1"
     fact = next(n for n in res.notes if n.startswith("Inductor fuses"))
     assert "blocks.1.act.1 into one generated kernel" in fact and "rms" in fact and "blocks.1.norm" in fact
+
+
+@pytest.mark.slow
+def test_diff_of_an_inductor_capture_names_the_kernel_of_the_first_divergence(tmp_path):
+    """`capture --compile` keeps the kernels in the bundle: `diff` prints them for the first divergence (and
+    `--json` carries them as `inductor`); against a faithful eager capture of the plain net, nothing is said."""
+    from typer.testing import CliRunner
+
+    from tensorprobe.cli import app
+
+    model, x = wrong_decomposition()
+    tp.capture(model, *x, out=tmp_path / "e")
+    tp.capture(model, *x, compile=True, backend="inductor", out=tmp_path / "c")
+    res = CliRunner().invoke(app, ["diff", str(tmp_path / "e"), str(tmp_path / "c")])
+    assert res.exit_code == 1
+    text = " ".join(res.output.split())
+    assert "kernels: Inductor fuses blocks.1.act.1 into one generated kernel" in text and "rms" in text
+    model, x = build()
+    tp.capture(model, *x, out=tmp_path / "e2")
+    tp.capture(model, *x, compile=True, backend="inductor", out=tmp_path / "c2")
+    ok = CliRunner().invoke(app, ["diff", str(tmp_path / "e2"), str(tmp_path / "c2")])
+    assert ok.exit_code == 0 and "kernels:" not in ok.output
