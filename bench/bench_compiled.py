@@ -66,7 +66,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import tensorprobe as tp
-    from tensorprobe.compiled import CompiledRun, mark_hook, stats_from_vector
+    from tensorprobe.compiled import CompiledRun, _meta_value, mark_hook, stats_from_vector
 
     torch.manual_seed(0)
     model = Stack(a.channels, a.blocks).eval().to(a.device)
@@ -82,7 +82,7 @@ def main() -> None:
     stats_made = []
 
     def on_run(plan, extra):
-        stats_made.append([stats_from_vector(v, e.shape, 1) for e, v in zip(plan.entries, extra) if not e.full])
+        stats_made.append([stats_from_vector(v, e.shape, 1, _meta_value(e.node).dtype) for e, v in zip(plan.entries, extra) if not e.full])
 
     with torch.no_grad():
         torch._dynamo.reset()

@@ -13,7 +13,7 @@ import torch
 from examples.compiled_net import build, planted, wrong_decomposition
 from tensorprobe import InputError
 from tensorprobe.compare import compare
-from tensorprobe.compile_bisect import bisect_compile
+from tensorprobe.compile_bisect import RegionCheck, bisect_compile
 
 ROOT = Path(__file__).resolve().parents[1]   # the repository: the CLI loads examples/ from there
 
@@ -29,6 +29,18 @@ class NoisyLinear(torch.nn.Module):
         return self.lin(x + 0.1 * torch.randn_like(x))
 
 
+def test_region_check_tells_own_code_from_fusion_and_from_elsewhere():
+    """The rules of the region check, on the four combinations of its two measurements."""
+    own = RegionCheck("dec.norm", full=0.01, eager=1e-7, alone=0.004, at=0.005)
+    assert own.inside and own.removed and "dec.norm's own compiled code" in own.summary()
+    fused = RegionCheck("dec.norm", full=0.01, eager=1e-7, alone=1e-7, at=0.005)
+    assert not fused.inside and fused.removed and "how it is fused with the code around it" in fused.summary()
+    more = RegionCheck("dec.norm", full=0.01, eager=0.009, alone=0.004, at=0.005)
+    assert more.inside and not more.removed and "other parts of the compile differ too" in more.summary()
+    # float32 rounding of the module alone is not its own code parting, however small the divergence was
+    assert not RegionCheck("dec.norm", full=1e-5, eager=1e-7, alone=4e-7, at=1e-6).inside
+
+
 def test_a_compile_only_branch_is_blamed_on_the_compiled_side_and_on_dynamos_trace(tmp_path):
     """The planted net reduces in float16 only under torch.compiler.is_compiling(): the referee says the compiled
     side parts from float64 at that norm, and the bisector finds the difference already in dynamo's graph."""
@@ -39,6 +51,7 @@ def test_a_compile_only_branch_is_blamed_on_the_compiled_side_and_on_dynamos_tra
     assert res.referee.first_parting.cand_err > 100 * res.referee.first_parting.ref_err
     assert res.bisect.stage == "eager" and res.bisect.part is None
     assert "takes another path when compiled" in res.bisect.summary()
+    assert res.bisect.region.module == "blocks.1.norm" and res.bisect.region.inside and res.bisect.region_bisected
     assert res.to_dict()["bisect"]["stage"] == "eager" and res.to_dict()["referee"]["verdict"] == "parts"
 
 
@@ -71,6 +84,12 @@ def test_inductor_wrong_decomposition_is_named_by_the_bisector(tmp_path):
     assert (res.bisect.stage, res.bisect.part) == ("aot_eager_decomp_partition", "decomposition")
     assert "tp_example.rms" in res.bisect.detail
     assert "decomposition of tp_example.rms.default" in res.bisect.summary()
+    # found for that region: the module alone parts from eager, run eagerly it takes the difference away, and the
+    # bisector ran on it alone
+    region = res.bisect.region
+    assert region.module == "blocks.1.act.1" and region.inside and region.removed and res.bisect.region_bisected
+    assert region.alone > 0.25 * region.at and region.eager < 1e-5 < region.full
+    assert res.bisect.summary().startswith("blocks.1.act.1's own compiled code makes the difference")
 
     faithful, x = build()
     found = bisect_compile(faithful, x)
@@ -94,7 +113,8 @@ def test_compare_cli_prints_the_referee_and_the_bisect():
     assert run.returncode == 1, run.stderr[-2000:]
     out = " ".join(run.stdout.split())
     assert "float64 referee: the compiled (inductor) parts from both the eager and float64 at blocks.1.act.1" in out
-    assert "bisect: the difference comes from Inductor's decomposition of tp_example.rms.default" in out
+    assert "bisect: blocks.1.act.1's own compiled code makes the difference" in out
+    assert "The difference comes from Inductor's decomposition of tp_example.rms.default" in out
 
 
 def test_aot_eager_draws_what_eager_draws_and_the_referee_agrees(tmp_path):

@@ -84,6 +84,55 @@ def test_graph_stats_match_eager_stats():
         assert getattr(s, f) == pytest.approx(getattr(e, f), rel=1e-6)
 
 
+def test_graph_stats_of_a_comparison_count_its_true_values():
+    """A comparison's bool result gets statistics in the graph too (returned whole, Inductor stored it a byte at a
+    time): the same figures as eager's, for many rows and one."""
+    for x in (torch.randn(3, 5, 7) > 0.3, torch.tensor([True, True, True]), torch.zeros(2, 4, dtype=torch.bool)):
+        s = stats_from_vector(graph_stats(x), tuple(x.shape), 1, torch.bool)
+        assert s == compute_stats(x)
+
+
+class Gate(torch.nn.Module):
+    def forward(self, x):
+        keep = x > 0.5
+        return torch.where(keep, x, 0.2 * x), keep
+
+
+def test_a_bool_value_is_recorded_with_in_graph_statistics():
+    x = torch.randn(2, 3, 40)
+    eager = tp.capture(Gate(), x, level="op")
+    comp = tp.capture(Gate(), x, level="op", compile=True, backend="aot_eager")
+    rec = comp["<root>/gt.0"]
+    assert rec.dtype == "bool" and "compiled" in rec.tags and not rec.has_tensor
+    assert rec.stats.kind == "bool" and rec.stats.mean == pytest.approx(float((x > 0.5).float().mean()))
+    assert rec.stats == eager["<root>/gt.0"].stats
+
+
+def test_a_capture_leaves_the_users_compiled_functions_compiled():
+    """No `torch._dynamo.reset()`: a function the user compiled keeps its compiled code across a capture (no
+    recompile), a model the user compiled with another backend is still captured through ours, and nothing of
+    the capture's compiles is left in dynamo's cache."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+
+    def users(t):
+        return t.sin() + 1
+
+    users_compiled = torch.compile(users, backend="eager")
+    users_compiled(torch.randn(3))
+    model, x = _net()
+    users_model = torch.compile(model, backend="eager")
+    users_model(*x)
+    frames_before = counters["stats"]["unique_graphs"]
+    comp = tp.capture(model, *x, compile=True, backend="aot_eager")
+    assert comp.manifest["capture"]["compile"]["graphs"] == 1 and "blocks.1.norm@1" in comp
+    assert len(_debug_get_cache_entry_list(users.__code__)) == 1
+    users_compiled(torch.randn(3))   # its cached code: no new graph
+    assert counters["stats"]["unique_graphs"] == frames_before + 1   # the capture's one graph
+    left = [e.backend for e in _debug_get_cache_entry_list(type(model).forward.__code__)]
+    assert not [b for b in left if type(getattr(b, "compiler_fn", b)).__name__ == "CompiledRun"]
+
+
 @pytest.mark.parametrize("level", ["module", "op"])
 def test_names_equal_eager_and_diff_matches(level, tmp_path):
     model, x = _net()

@@ -177,10 +177,14 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
             if report.verdict == "diverged":
                 step("bisecting the compile (PyTorch's compiler bisector)")
                 opts = runtime_options or {}
+                at = ref[first] if first in ref else None
+                parted = next((p.metrics.get("rel_l2_err") for p in report.pairs if p.name == first), None)
                 bisected = bisect_compile(model, inputs, backend=opts.get("backend") or adapter.default_backend,
                                           mode=opts.get("mode"), inductor_config={
                                               k: opts[k] for k in ("emulate_precision_casts", "fallback_random")
-                                              if opts.get(k) is not None})
+                                              if opts.get(k) is not None},
+                                          region=(at.module, at.call, parted) if at is not None and at.module
+                                          and parted is not None else None)
         return CompareResult(
             runtime=runtime, runtime_info=dict(cand.runtime), ref_bundle=str(ref.path), cand_bundle=str(cand.path),
             compared=len(report.pairs), first_divergence=first, ref_nan=ref_nan, cand_nan=cand_nan,

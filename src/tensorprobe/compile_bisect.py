@@ -22,7 +22,7 @@ import io
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
@@ -85,8 +85,18 @@ class CompileBisect:
     seconds: float = 0.0
     bisected: bool = True        # False when nothing was bisected (see `summary`)
     sensitivity: float | None = None   # eager's own output change for inputs moved by float32 rounding
+    region: RegionCheck | None = None  # the first divergence's module run eagerly / compiled alone
+    region_bisected: bool = False      # the bisector ran on that module alone (its difference is its own)
 
     def summary(self) -> str:
+        found = self._found()
+        if self.region is None:
+            return found
+        if self.region_bisected:
+            found += f"; bisected on {self.region.module} alone, with its inputs from the eager run"
+        return f"{self.region.summary()}. {found[0].upper()}{found[1:]}"
+
+    def _found(self) -> str:
         runs = f" (found in {self.compiles} compiles, {self.seconds:.0f} s)"
         if not self.bisected:
             if math.isnan(self.error):   # compare found no divergence: the bisector was not run
@@ -115,14 +125,66 @@ class CompileBisect:
         return {"error": json_number(self.error), "stage": self.stage, "part": self.part, "number": self.number,
                 "detail": self.detail, "compiles": self.compiles, "seconds": round(self.seconds, 2),
                 "bisected": self.bisected, "sensitivity": json_number(self.sensitivity)
-                if self.sensitivity is not None else None, "summary": self.summary()}
+                if self.sensitivity is not None else None,
+                "region": self.region.to_dict() if self.region is not None else None,
+                "region_bisected": self.region_bisected, "summary": self.summary()}
+
+
+@dataclass(frozen=True)
+class RegionCheck:
+    """The first divergence's module taken out of the compile, two ways. `alone`: the module compiled by itself on
+    the inputs eager gave it, judged at its own outputs (is the difference in its own compiled code?). `eager`:
+    the whole model compiled with that module run eagerly, judged at the model's outputs (does taking it out of
+    the compile remove the difference?). Errors are relative L2 errors to eager (the worst output)."""
+
+    module: str
+    full: float     # the model's outputs, the whole model compiled
+    eager: float    # the model's outputs, the module run eagerly and the rest compiled
+    alone: float    # the module's outputs, compiled alone on eager's inputs
+    at: float       # the module's output in the whole compile (the first divergence's error), what `alone` is set against
+
+    @property
+    def inside(self) -> bool:
+        """The module's own compiled code parts from eager (alone, on eager's inputs)."""
+        return self.alone >= FIXED_SHARE * self.at and self.alone > ROUNDING
+
+    @property
+    def removed(self) -> bool:
+        """Running the module eagerly (the rest compiled) brings the outputs back to eager."""
+        return self.eager <= FIXED_SHARE * self.full
+
+    def summary(self) -> str:
+        m = self.module
+        alone = f"compiled alone on the inputs eager gave it, {m} {{}} eager (relative error {self.alone:.2g}, " \
+                f"{self.at:.2g} in the whole compile)"
+        out = f"with {m} run eagerly, the rest compiled, the outputs {{}} eager ({self.eager:.2g} against {self.full:.2g})"
+        if self.inside:
+            head = f"{m}'s own compiled code makes the difference: {alone.format('parts from')}"
+            tail = (out.format("match") if self.removed
+                    else out.format("still part from") + ": other parts of the compile differ too")
+        else:
+            head = (f"{alone.format('matches')}: it parts in the whole compile from how it is fused with the code "
+                    "around it (or the rounding it is handed)")
+            tail = (out.format("match") if self.removed
+                    else out.format("still part from") + ": later parts of the compile differ too")
+        return f"{head}; {tail}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module": self.module, "full": json_number(self.full), "eager": json_number(self.eager),
+                "alone": json_number(self.alone), "at": json_number(self.at), "inside": self.inside,
+                "removed": self.removed, "summary": self.summary()}
 
 
 def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: str = "inductor",
-                   mode: str | None = None, inductor_config: dict[str, Any] | None = None) -> CompileBisect:
+                   mode: str | None = None, inductor_config: dict[str, Any] | None = None,
+                   region: tuple[str, int, float] | None = None) -> CompileBisect:
     """Recompile `model` stage by stage with PyTorch's compiler bisector and say which stage, and which part of
     it, makes its outputs part from eager's when compiled with `backend` (inductor, aot_eager or one of the
     bisector's stages). Every run starts from the same seed; the model runs under no_grad.
+
+    With `region` (the first divergence: its module path, call and relative error), that module is first taken
+    out of the compile (`RegionCheck`); when its own compiled code makes the difference, the bisector runs on the
+    module alone, on the inputs eager gave that call, so what it turns off is turned off for that region only.
 
     Each step is a fresh compile (`torch._dynamo.reset()`), with Inductor's and AOT autograd's persistent caches
     off while it runs (they key a compiled graph by the traced graph, not by the configuration being tested).
@@ -145,19 +207,12 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
         raise InputError("bisect: the model returns no floating-point tensor to compare")
     started, compiles = time.monotonic(), 0
 
-    def error() -> float:
+    def error(region_eager: bool = False) -> float:
         nonlocal compiles
         compiles += 1
-        torch._dynamo.reset()
         stage = cb.CompilerBisector.get_backend() or backend   # while bisecting, the stage it tests
-        compiled = torch.compile(model, backend=stage, mode=mode if stage == "inductor" else None)
-        with torch.no_grad():
-            torch.manual_seed(SEED)
-            try:
-                got = _float_outputs(compiled(*inputs))
-            except Exception:  # noqa: BLE001 - a stage that cannot run this model is not the one that is right
-                return math.inf
-        return _worst_error(got, reference)
+        with _run_eagerly(model, region[0] if region_eager else None):
+            return _compile_error(model, inputs, reference, stage, mode)
 
     import torch._inductor.config as inductor_config_module
 
@@ -171,6 +226,21 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
         if moved is not None and moved > FIXED_SHARE * full:
             return CompileBisect(full, compiles=compiles, seconds=time.monotonic() - started, bisected=False,
                                  sensitivity=moved)
+        checked = None
+        call_inputs = _call_inputs(model, inputs, *region[:2]) if region and region[0] else None
+        if call_inputs is not None:
+            sub = model.get_submodule(region[0])
+            with torch.no_grad():
+                torch.manual_seed(SEED)
+                own = _float_outputs(sub(*call_inputs))
+            alone = _compile_error(sub, call_inputs, own, backend, mode)
+            checked = RegionCheck(region[0], full, error(region_eager=True), alone, region[2])
+            compiles += 1
+            if checked.inside:   # the module's own code: bisect it alone
+                inner = bisect_compile(sub, call_inputs, backend=backend, mode=mode, inductor_config=inductor_config)
+                if inner.bisected and inner.stage is not None:
+                    return replace(inner, error=full, compiles=compiles + inner.compiles,
+                                   seconds=time.monotonic() - started, region=checked, region_bisected=True)
         extra = [cb.ConfigChange("inductor", name, value) for name, value in EXTRA_CHANGES
                  if not any(getattr(s, "name", None) == f"inductor_{name}" for s in cb.BACKENDS["inductor"])]
         lowerings = next((i for i, s in enumerate(cb.BACKENDS["inductor"]) if s.name == "lowerings"),
@@ -185,11 +255,64 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
             torch._dynamo.reset()
     seconds = time.monotonic() - started
     if found is None:
-        return CompileBisect(full, compiles=compiles, seconds=seconds)
+        return CompileBisect(full, compiles=compiles, seconds=seconds, region=checked)
     number = found.bisect_number if found.subsystem in _SUBSYSTEMS else None
     detail = found.debug_info if found.subsystem in _SUBSYSTEMS and found.debug_info else None
     return CompileBisect(full, stage=found.backend, part=found.subsystem, number=number, detail=detail,
-                         compiles=compiles, seconds=seconds)
+                         compiles=compiles, seconds=seconds, region=checked)
+
+
+def _compile_error(model: torch.nn.Module, inputs: tuple, reference: list[torch.Tensor], stage: str,
+                   mode: str | None) -> float:
+    """`model` compiled afresh with `stage`, run from the seed: its outputs' worst relative error to `reference`
+    (inf where it cannot run)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=stage, mode=mode if stage == "inductor" else None)
+    with torch.no_grad():
+        torch.manual_seed(SEED)
+        try:
+            got = _float_outputs(compiled(*inputs))
+        except Exception:  # noqa: BLE001 - a stage that cannot run this model is not the one that is right
+            return math.inf
+    return _worst_error(got, reference)
+
+
+@contextlib.contextmanager
+def _run_eagerly(model: torch.nn.Module, path: str | None):
+    """The module at `path` run eagerly inside the compiled model (`torch.compiler.disable`: dynamo ends the graph
+    before it and starts another after it); nothing changed for path=None."""
+    if path is None:
+        yield
+        return
+    sub = model.get_submodule(path)
+    sub.forward = torch.compiler.disable(sub.forward)
+    try:
+        yield
+    finally:
+        del sub.forward   # the class's forward again (the instance attribute set here is all that is removed)
+
+
+def _call_inputs(model: torch.nn.Module, inputs: tuple, path: str, call: int) -> tuple | None:
+    """The positional inputs of call number `call` of the module at `path`, from an eager run (seeded as the
+    others); None if it takes keyword inputs or is not called that often."""
+    seen: list[tuple] = []
+
+    def keep(_module: Any, args: tuple, kwargs: dict) -> None:
+        seen.append(tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args) if not kwargs
+                    else None)
+
+    try:
+        sub = model.get_submodule(path)
+    except AttributeError:
+        return None
+    handle = sub.register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            torch.manual_seed(SEED)
+            model(*inputs)
+    finally:
+        handle.remove()
+    return seen[call] if call < len(seen) else None
 
 
 def _sensitivity(model: torch.nn.Module, inputs: tuple, reference: list[torch.Tensor]) -> float | None:
@@ -257,4 +380,4 @@ def _op_name(detail: str) -> str:
     return f"{m.group(1)}.{m.group(2)}" if m else detail
 
 
-__all__ = ["CompileBisect", "bisect_compile"]
+__all__ = ["CompileBisect", "RegionCheck", "bisect_compile"]

@@ -39,6 +39,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .errors import InputError
@@ -46,7 +47,7 @@ from .hooks import module_tensors
 from .ops import ALIAS_OPS, RNG_OPS, SKIP_OPS
 from .record import KIND_OUTPUT, KIND_RNG, TAG_QUANTIZED, Record, dtype_name, record_name, short_op
 from .stats import TensorStats, compute_stats
-from .stats.core import channel_count
+from .stats.core import BOOL_KIND, channel_count
 
 # Backends whose graph after AOT autograd (aten ops) can be instrumented: what op level needs.
 OP_LEVEL_BACKENDS = ("aot_eager", "inductor")
@@ -56,38 +57,76 @@ TAG_COMPILED = "compiled"
 _STATS_FIELDS = 7   # Σx, Σx², min, max over finite elements; NaN, +Inf, -Inf counts
 
 
-def graph_stats(x: torch.Tensor) -> torch.Tensor:
-    """The statistics of `x` as one float64 vector, written with torch ops so a compiler fuses them into the
-    kernel that produces `x`: [Σx, Σx², min, max, NaN count, +Inf count, -Inf count]. Sums and counts are taken
-    per row (the last dimension) in float32 (float64 for a float64 value), then across rows in float64; min and
-    max in the value's own dtype. No masks: a finite Σx proves every element finite (the eager kernel's rule), and
-    a value holding NaN/Inf keeps its counts while its finite figures are left unknown (keep="full" gives them).
+def graph_row_stats(x: torch.Tensor) -> torch.Tensor:
+    """The statistics of each row (last dimension) of `x`, written with torch ops so that a compiler fuses them
+    into the kernel that produces `x`: a vector of 7 x rows (float32; float64 for a float64 value), field after field (Σx of every row, then Σx²,
+    min, max, NaN count, +Inf count, -Inf count). `combine_rows` makes them the value's statistics.
 
-        >>> graph_stats(torch.tensor([1.0, 2.0, 4.0])).tolist()
-        [7.0, 21.0, 1.0, 4.0, 0.0, 0.0, 0.0]
+    Only row reductions, taken where the rows are made: a reduction across rows would be a step of its own in
+    Inductor's kernel (on the CPU a barrier between its threads: 115 of them in one conv block's kernel, a third of
+    its time), and adding a few hundred rows is nothing for the host. Sums and counts are taken in float32 (float64
+    for a float64 value): exact for counts, a row holds fewer than 2**24 elements. No masks: a finite Σx proves
+    every element finite (the eager kernel's rule), and a value holding NaN/Inf keeps its counts while its finite
+    figures are left unknown (keep="full" gives them).
+
+        >>> graph_row_stats(torch.tensor([[1.0, 2.0], [4.0, -1.0]])).tolist()
+        [3.0, 3.0, 5.0, 17.0, 1.0, -1.0, 2.0, 4.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
     # Written for Inductor's CPU code, which keeps a fused reduction vectorized only if every op in it is: a float64
     # conversion of each element (40 ms per 3 M elements, against 0.4 ms for row sums) or a bool->number cast of a
     # comparison (isnan(x).sum(): 76 ms) turns the whole kernel scalar; torch.where(cmp, 1.0, 0.0) stays vector.
+    # A bool value (a comparison's result) is counted with where() too: returned whole instead, Inductor stores
+    # it one byte at a time (a 128x24000 `gt` cost 20 ms of a 30 ms kernel).
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     rows = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
-    wide = rows if rows.dtype == acc else rows.to(acc)
     one, zero = torch.ones((), dtype=acc, device=x.device), torch.zeros((), dtype=acc, device=x.device)
     inf = float("inf")
+    if x.dtype == torch.bool:   # [true count, true count, min, max, 0, 0, 0]
+        wide = torch.where(rows, one, zero)
+        counts = [wide * 0] * 3
+    else:
+        wide = rows if rows.dtype == acc else rows.to(acc)
+        counts = [torch.where(rows != rows, one, zero), torch.where(rows == inf, one, zero),
+                  torch.where(rows == -inf, one, zero)]
+    # field after field (a cat along the one dimension): Inductor then writes each row reduction straight into its
+    # slice of the output; interleaved (a stack on the last dimension), each field became a copy loop of its own
+    fields = [wide.sum(-1), (wide * wide).sum(-1), wide.amin(-1), wide.amax(-1), *(c.sum(-1) for c in counts)]
+    # (kept in the accumulating dtype: a conversion would be one more loop per field)
+    return torch.cat(fields)
 
-    def total(t: torch.Tensor) -> torch.Tensor:   # exact for counts: a row holds fewer than 2**24 elements
-        return t.sum(-1).to(torch.float64).sum()
 
-    return torch.stack([
-        total(wide), total(wide * wide), x.amin().to(torch.float64), x.amax().to(torch.float64),
-        total(torch.where(rows != rows, one, zero)), total(torch.where(rows == inf, one, zero)),
-        total(torch.where(rows == -inf, one, zero))])
+def combine_rows(values: Any, rows: list[int]) -> list[list[float]]:
+    """The 7 statistics of each value whose `graph_row_stats` lie one after another in `values` (an array or
+    tensor), value i having rows[i] rows: sums and counts added in float64, the least minimum and the greatest
+    maximum (NaN if a row holds NaN). Three NumPy calls for any number of values."""
+    v = (values.numpy() if isinstance(values, torch.Tensor) else np.asarray(values)).astype(np.float64)
+    starts = np.repeat(np.cumsum([0] + [_STATS_FIELDS * r for r in rows[:-1]]), _STATS_FIELDS)
+    starts += np.tile(np.arange(_STATS_FIELDS), len(rows)) * np.repeat(rows, _STATS_FIELDS)
+    with np.errstate(invalid="ignore"):
+        out = np.add.reduceat(v, starts).reshape(len(rows), _STATS_FIELDS)
+        out[:, 2] = np.minimum.reduceat(v, starts).reshape(len(rows), _STATS_FIELDS)[:, 2]
+        out[:, 3] = np.maximum.reduceat(v, starts).reshape(len(rows), _STATS_FIELDS)[:, 3]
+    return out.tolist()
 
 
-def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None) -> TensorStats:
-    """`TensorStats` from a `graph_stats` vector (a tensor or list of 7 numbers)."""
+def graph_stats(x: torch.Tensor) -> list[float]:
+    """The statistics of `x` as in-graph capture computes them: [Σx, Σx², min, max, NaN, +Inf, -Inf counts].
+
+        >>> graph_stats(torch.tensor([1.0, 2.0, 4.0]))
+        [7.0, 21.0, 1.0, 4.0, 0.0, 0.0, 0.0]
+    """
+    return combine_rows(graph_row_stats(x).cpu(), [math.prod(x.shape[:-1]) if x.dim() else 1])[0]
+
+
+def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None,
+                      dtype: torch.dtype = torch.float32) -> TensorStats:
+    """`TensorStats` from a `graph_stats` vector (a tensor or list of 7 numbers) of a value of `dtype`."""
     s, ss, mn, mx, nan, pinf, ninf = (float(a) for a in (v.tolist() if hasattr(v, "tolist") else v))
     n = math.prod(shape)
+    if dtype == torch.bool:   # as the eager statistics of a bool tensor
+        true = int(s)
+        return TensorStats(numel=n, kind=BOOL_KIND, min=float(true == n), max=float(true > 0), mean=true / n,
+                           absmax=float(true > 0))
     nan, pinf, ninf = int(nan), int(pinf), int(ninf)
     finite = n - nan - pinf - ninf
     if finite < n:   # the sums and extremes include the NaN/Inf: only the counts are known
@@ -112,7 +151,7 @@ class _Entry:
     kind: str = KIND_OUTPUT
     tags: tuple[str, ...] = ()
     index: int = -1   # its place among the plan's entries
-    slot: int = -1    # its place among the full values, or its row of the stacked statistics
+    slot: int = -1    # its place among the full values, or among the entries with stacked statistics
 
 
 @dataclass
@@ -124,6 +163,7 @@ class GraphPlan:
     outputs: int = 0
     nodes: int = 0
     stacked: bool = False   # the statistics of the entries that are not full come as one stacked output
+    row_counts: list[int] = field(default_factory=list)   # per such entry, its rows there (`graph_row_stats`)
     # (entry index, name) in record order: a value that ends several calls (a child's output its parent returns
     # as is) is one extra output but several records, each at its call's place, as forward hooks make them
     order: list[tuple[int, tuple[str, str, int, str, tuple[str, ...]]]] = field(default_factory=list)
@@ -289,7 +329,8 @@ _getitem = __import__("operator").getitem
 
 def _new_entry(n, keep_full: bool) -> _Entry:
     v = _meta_value(n)
-    full = keep_full or not v.is_floating_point() or v.numel() == 0
+    # integers are returned whole: their sums in float32 would not be exact, and eager's are
+    full = keep_full or not (v.is_floating_point() or v.dtype == torch.bool) or v.numel() == 0
     return _Entry(node=n, names=[], shape=tuple(int(s) for s in v.shape), full=full)
 
 
@@ -444,18 +485,27 @@ def instrument(gm, plan: GraphPlan) -> None:
         # taken right after the value is made: code after it may change it in place (Kokoro's `xs += block(x)`,
         # `rand_ini[:, 0] = 0`), and the record is the value the module returned, as a forward hook sees it
         with graph.inserting_after(e.node):
-            node = graph.call_function(torch.clone if e.full else graph_stats, (e.node,))
-        e.slot = len(extra) if e.full else len(stats)
+            node = graph.call_function(torch.clone if e.full else graph_row_stats, (e.node,))
+        e.slot = len(extra) if e.full else _next_rows(plan, e)
         (extra if e.full else stats).append(node)
-    if stats:   # one [entries x 7] output: the host reads every statistic with one copy (one sync on a GPU)
+    if stats:   # one output: the host reads every statistic with one copy (one sync on a GPU)
         with graph.inserting_before(out_node):
-            extra.append(graph.call_function(torch.stack, (stats,)))
+            extra.append(graph.call_function(torch.cat, (stats,)))
     _set_outputs(gm, plan, out_node, own, extra, bool(stats))
 
 
+def _next_rows(plan: GraphPlan, e: _Entry) -> int:
+    """Give `e` the next rows of the plan's stacked statistics; its number among the entries that have them."""
+    plan.row_counts.append(math.prod(e.shape[:-1]) if e.shape else 1)
+    return len(plan.row_counts) - 1
+
+
+
+
+
 def instrument_aten(gm, plan: GraphPlan) -> None:
-    """`instrument` for a graph that only aten ops may enter (Inductor's, after AOT autograd): each statistics
-    vector is `graph_stats` traced to aten ops with Inductor's decompositions (on a fake value of the entry's
+    """`instrument` for a graph that only aten ops may enter (Inductor's, after AOT autograd): each value's
+    statistics are `graph_row_stats` traced to aten ops with Inductor's decompositions (on a fake value of the entry's
     shape) and copied in; full values are returned as they are (the graph is functional: nothing changes a value
     after it is made)."""
     from torch._inductor.decomposition import select_decomp_table
@@ -467,23 +517,25 @@ def instrument_aten(gm, plan: GraphPlan) -> None:
     traced: dict[tuple, Any] = {}
     with graph.inserting_before(out_node):
         for e in plan.entries:
-            e.slot = len(extra) if e.full else len(stats)
             if e.full:
+                e.slot = len(extra)
                 extra.append(e.node)
                 continue
+            e.slot = _next_rows(plan, e)
             v = _meta_value(e.node)
             key = (tuple(v.shape), v.dtype, str(v.device))
             if key not in traced:
                 with FakeTensorMode(allow_non_fake_inputs=True):
                     example = torch.empty(key[0], dtype=v.dtype, device=v.device)
-                traced[key] = make_fx(graph_stats, decomposition_table=select_decomp_table(),
+                traced[key] = make_fx(graph_row_stats, decomposition_table=select_decomp_table(),
                                       tracing_mode="fake")(example)
             stats.append(graph.graph_copy(traced[key].graph, {_placeholder(traced[key]): e.node}))
-        if stats:   # torch.stack, as Inductor decomposes it
+        if stats:   # torch.cat, as Inductor decomposes it
             device = _meta_value(plan.entries[0].node).device
             with FakeTensorMode(allow_non_fake_inputs=True):
-                vectors = [torch.empty(_STATS_FIELDS, dtype=torch.float64, device=device) for _ in stats]
-            stack = make_fx(lambda *v: torch.stack(v), decomposition_table=select_decomp_table(),
+                vectors = [torch.empty(n * _STATS_FIELDS, dtype=_meta_value(v).dtype, device=device)
+                           for n, v in zip(plan.row_counts, stats)]
+            stack = make_fx(lambda *v: torch.cat(v), decomposition_table=select_decomp_table(),
                             tracing_mode="fake")(*vectors)
             slots = [n for n in stack.graph.nodes if n.op == "placeholder"]
             extra.append(graph.graph_copy(stack.graph, dict(zip(slots, stats))))
@@ -499,8 +551,8 @@ def split_outputs(plan: GraphPlan, outs: Any) -> tuple[Any, list]:
     (full entries) or its statistics as a list of 7 numbers."""
     outs = list(outs) if not isinstance(outs, list) else outs
     own, extra = outs[:plan.outputs], outs[plan.outputs:]
-    rows = extra[-1].tolist() if plan.stacked else []
-    return own, [extra[e.slot] if e.full else rows[e.slot] for e in plan.entries]
+    per_entry = combine_rows(extra[-1].cpu(), plan.row_counts) if plan.stacked else []
+    return own, [extra[e.slot] if e.full else per_entry[e.slot] for e in plan.entries]
 
 
 def user_frame(tb_or_stack: Any) -> str | None:
@@ -533,6 +585,31 @@ def compile_failure(e: BaseException, backend: str) -> InputError:
     why = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
     at = f" at {where}" if where else ""
     return InputError(f"torch.compile(backend={backend!r}) failed{at}: {type(inner).__name__}: {why}")
+
+
+def forget_compiles(backend: Any) -> None:
+    """Drop what dynamo keeps of the compiles `backend` made (its cache entries, and its own reference to the
+    backend), and nothing of the user's other compiled functions: a capture's graphs carry its instrumentation
+    and hold the model, and are of no use after it. Dynamo keeps a code object's entries together, so one whose
+    code a user also compiled (the same model class's forward) loses the user's entry too: a recompile.
+
+    `torch._dynamo.reset()` would do it by clearing every compiled function of the process.
+    """
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo import convert_frame, eval_frame
+
+    def ours(b: Any) -> bool:   # torch.compile wraps the backend it is given (`compiler_fn`), maybe more than once
+        for _ in range(8):
+            if b is backend:
+                return True
+            b = getattr(b, "compiler_fn", None)
+        return False
+
+    for ref in [*convert_frame.input_codes.seen, *convert_frame.output_codes.seen]:
+        code = ref()
+        if code is not None and any(ours(e.backend) for e in _debug_get_cache_entry_list(code)):
+            eval_frame.reset_code(code)
+    eval_frame.cached_backends.pop(id(backend), None)
 
 
 def graph_breaks(counters_before: dict) -> list[dict[str, Any]]:
@@ -763,7 +840,7 @@ def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | 
         if not recorder.wanted(name, entry.kind):
             continue
         if i not in stats:
-            stats[i] = stats_from_vector(value, entry.shape, channel_dim)
+            stats[i] = stats_from_vector(value, entry.shape, channel_dim, _meta_value(entry.node).dtype)
         rec = Record(name=name, module=module, op=op, order=recorder.order, shape=entry.shape,
                      dtype=dtype_name(_meta_value(entry.node).dtype), stats=stats[i], kind=entry.kind, call=call,
                      device=str(_meta_value(entry.node).device), inputs=inputs, tags=entry.tags + (TAG_COMPILED,))
@@ -773,8 +850,8 @@ def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | 
             recorder.on_record(rec)
 
 
-__all__ = ["CompiledRun", "GraphPlan", "OP_LEVEL_BACKENDS", "TAG_COMPILED", "compile_failure", "graph_stats",
-           "stats_from_vector"]
+__all__ = ["CompiledRun", "GraphPlan", "OP_LEVEL_BACKENDS", "TAG_COMPILED", "combine_rows", "compile_failure",
+           "forget_compiles", "graph_row_stats", "graph_stats", "stats_from_vector"]
 
 
 def _capture_class(Capture: type) -> type:
@@ -851,7 +928,8 @@ def _capture_class(Capture: type) -> type:
             if self.level == "module":
                 handles = [m.register_forward_hook(mark_hook(p, type(m).__name__))
                            for p, m in self.model.named_modules() if p]
-            torch._dynamo.reset()   # our backend must see the graphs: a cached compile from another would be reused
+            # (no `torch._dynamo.reset()`: a cached compile by another backend fails its backend guard, so ours
+            # sees the graphs, and the user's other compiled functions keep theirs)
             # dynamo's table of torch functions is built once; built while an eager capture had wrapped torch.randn
             # & co. (its random-draw entry points) it would hold the wrappers, and every draw would break the graph
             torch._dynamo.trace_rules.clear_lru_cache()
@@ -872,7 +950,7 @@ def _capture_class(Capture: type) -> type:
                 _EAGER_MARK.remove(eager_mark)
                 for h in handles:
                     h.remove()
-                torch._dynamo.reset()   # the hooks are gone: drop the graphs traced with them
+                forget_compiles(backend)   # the hooks are gone: drop the graphs traced with them
             first = time.perf_counter() - t0
             breaks = graph_breaks(before)
             # dynamo does not count every break (a branch on a tensor's value is not in its counters): more than
