@@ -225,6 +225,30 @@ def test_a_model_that_cannot_compile_is_one_line():
         tp.capture(model, *x, level="op", compile=True, backend="eager")
 
 
+@torch.library.custom_op("tp_test::strict_scale", mutates_args=())
+def _strict_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_strict_scale.register_fake
+def _(x):
+    raise ValueError("strict_scale wants rank 3")
+
+
+class FakeKernelFails(torch.nn.Module):
+    def forward(self, x):
+        return _strict_scale(x) + 1
+
+
+def test_a_fake_kernel_error_is_in_the_one_line():
+    """Dynamo's first line ("RuntimeError when making fake tensor call") says nothing by itself: the one line
+    carries its explanation, where the op's own error is."""
+    with pytest.raises(InputError) as e:
+        tp.capture(FakeKernelFails(), torch.randn(2, 3), compile=True, backend="aot_eager")
+    msg = str(e.value)
+    assert "\n" not in msg and "strict_scale wants rank 3" in msg and "test_compiled.py" in msg
+
+
 def test_cli_capture_compile(tmp_path):
     from typer.testing import CliRunner
 

@@ -582,9 +582,21 @@ def compile_failure(e: BaseException, backend: str) -> InputError:
     stack = getattr(e, "real_stack", None)
     where = user_frame(stack) if stack else None
     where = where or user_frame(e.__traceback__) or user_frame(getattr(inner, "__traceback__", None))
-    why = str(inner).strip().splitlines()[0] if str(inner).strip() else type(inner).__name__
+    why = _reason(inner)
     at = f" at {where}" if where else ""
     return InputError(f"torch.compile(backend={backend!r}) failed{at}: {type(inner).__name__}: {why}")
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of dynamo's message, with its explanation when it has one: that is where the model's own
+    error is (a fake kernel's: "RuntimeError when making fake tensor call" says nothing by itself)."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    lines = text.splitlines()
+    explained = next((ln.strip()[len("Explanation:"):].strip() for ln in lines[1:]
+                      if ln.strip().startswith("Explanation:")), None)
+    return f"{lines[0]} ({explained})" if explained else lines[0]
 
 
 def forget_compiles(backend: Any) -> None:
