@@ -113,3 +113,28 @@ def test_the_faithful_rename_stays_a_match(renamed_ports):
     r = tp.diff(ref, same)
     assert r.verdict == "match", r.summary
     assert not r.weights_differ and "try --map" in r.summary
+
+
+def _norm_step(mean: float, std: float):
+    from tensorprobe.record import Record
+    from tensorprobe.stats import TensorStats
+
+    def rec(name, op, m, s):
+        return Record(name=name, module=name, op=op, order=0, shape=(1, 8, 64), dtype="float32",
+                      stats=TensorStats(numel=512, mean=m, std=s, min=m - 3 * s, max=m + 3 * s,
+                                        absmax=abs(m) + 3 * s))
+    return rec("n", "module:InstanceNorm1d", 0.0, 1.0), [rec("x", "module:Conv1d", mean, std)]
+
+
+def test_a_norm_is_called_near_constant_only_when_its_input_is():
+    """The sentence on a normalisation's gain says "near-constant values" and the mean-subtraction factor only when
+    the input's rms is well above its std; an input with mean 0.095 against std 0.67 (the compile guide's first
+    example, factor ~1.01 beside a gain of x2.9) gets the per-channel sentence instead."""
+    from tensorprobe.diff.explain import explain
+
+    rec, inputs = _norm_step(0.0951, 0.672)
+    said = explain(rec, inputs, 2.9, 1.6e-4, 4.5e-4)
+    assert "near-constant values" not in said and "its own spread" in said and "x2.9" in said
+    rec, inputs = _norm_step(50.0, 0.5)
+    said = explain(rec, inputs, 90.0, 1e-7, 9e-6)
+    assert said.startswith("normalisation of near-constant values") and "~100" in said

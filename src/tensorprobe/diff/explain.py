@@ -195,6 +195,11 @@ def _near_zero_gain(s: object) -> float:
     return min(HUGE_GAIN, r / max(closest, 1e-300))
 
 
+# rms/std of a norm's input from which "near-constant values" is said: subtracting the mean then multiplies a
+# relative error by that much (at ~1 the mean is small against the spread, and the sentence would be false)
+NEAR_CONSTANT_OFFSET = 2.0
+
+
 def explain(rec: Record, inputs: Sequence[Record], gain: float | None, in_err: float | None,
             out_err: float | None, flips: int | None = None, *, accumulator: Record | None = None,
             corr: float | None = None) -> str | None:
@@ -244,8 +249,14 @@ def explain(rec: Record, inputs: Sequence[Record], gain: float | None, in_err: f
                     f"(a normalised channel has ~1), so most channels' variance is below the norm's epsilon and "
                     f"what is left of them is their rounding, divided by sqrt(eps) ({_e(in_err)} -> {_e(out_err)}, "
                     f"{g}). A one-pass variance E[x²]−E[x]² (TVM, ExecuTorch) can turn these channels into NaN")
+        offset = (rx or 0) / max(float(x.std), 1e-300)
+        if offset < NEAR_CONSTANT_OFFSET:   # the tensor as a whole is not near-constant: do not say it is
+            return (f"normalisation ({_op(rec)}): each group (channel) is divided by its own spread, so one whose "
+                    f"spread is small against its error passes that error on enlarged ({_e(in_err)} -> "
+                    f"{_e(out_err)}, {g}); the input as a whole has mean {_g(x.mean)} against std {_g(x.std)}, not "
+                    "near-constant: the channels' own spread is what to look at")
         return (f"normalisation of near-constant values ({_op(rec)}): its input has mean {_g(x.mean)} against std "
-                f"{_g(x.std)}; subtracting the mean multiplies a relative error by ~{_g((rx or 0) / max(float(x.std), 1e-300))} "
+                f"{_g(x.std)}; subtracting the mean multiplies a relative error by ~{_g(offset)} "
                 f"({_e(in_err)} -> {_e(out_err)}). A one-pass variance E[x²]−E[x]² (TVM, ExecuTorch) loses these "
                 "channels entirely")
     if fam == "sum":
