@@ -138,3 +138,24 @@ def test_a_norm_is_called_near_constant_only_when_its_input_is():
     rec, inputs = _norm_step(50.0, 0.5)
     said = explain(rec, inputs, 90.0, 1e-7, 9e-6)
     assert said.startswith("normalisation of near-constant values") and "~100" in said
+
+
+def test_a_floor_above_100_percent_says_it_judges_nothing(tmp_path):
+    """A bfloat16 port 80 ops deep: its deepest records' modelled floor passes 1 (any value would pass it). The
+    match sentence says so and names what judges the port; a shallow port's floor (0.28) gets no such words."""
+    import copy
+
+    def port(blocks: int, out):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[m for _ in range(blocks) for m in (torch.nn.Linear(32, 32), torch.nn.Tanh())])
+        x = torch.randn(8, 32)
+        ref = tp.capture(model.eval(), x, keep="full", out=out / "ref")
+        cand = tp.capture(copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16), keep="full",
+                          out=out / "bf16")
+        return tp.diff(ref, cand)
+
+    deep = port(40, tmp_path / "deep")
+    assert deep.verdict == "match" and deep.get(deep.worst).floor > 1.0
+    assert "above 100%, too wide to judge this record by" in deep.summary
+    shallow = port(2, tmp_path / "shallow")
+    assert shallow.verdict == "match" and "above 100%" not in shallow.summary

@@ -157,6 +157,9 @@ def _match_words(r: DiffReport) -> str:
     if worst is not None:
         floor = f", noise floor {worst.floor:.2g}" if worst.floor and r.criteria.noise else ""
         why = f": {worst.floor_reason}" if floor and worst.floor_reason else ""
+        if floor and worst.floor >= 1.0:   # a floor of 100% passes any value: say what still judges this port
+            why += (" — above 100%, too wide to judge this record by; the port is judged by its outputs' SNR and "
+                    "correlation")
         tail = f" (worst {worst.name}: relative error {worst.rel_err:.2g}{floor}{why}; {fmt_err(worst)})"
     stats = r.counts()["not_proven"]
     caveat = (f" {stats:,} records compared by statistics only show no difference: not proven (--keep full compares "
