@@ -135,13 +135,14 @@ class RegionCheck:
     """The first divergence's module taken out of the compile, two ways. `alone`: the module compiled by itself on
     the inputs eager gave it, judged at its own outputs (is the difference in its own compiled code?). `eager`:
     the whole model compiled with that module run eagerly, judged at the model's outputs (does taking it out of
-    the compile remove the difference?). Errors are relative L2 errors to eager (the worst output)."""
+    the compile remove the difference?). Errors are relative L2 errors to eager (the worst output); `alone` is
+    set against `at`, the module's own error in the whole compile (the first divergence's)."""
 
     module: str
     full: float     # the model's outputs, the whole model compiled
     eager: float    # the model's outputs, the module run eagerly and the rest compiled
     alone: float    # the module's outputs, compiled alone on eager's inputs
-    at: float       # the module's output in the whole compile (the first divergence's error), what `alone` is set against
+    at: float       # the module's output, the whole model compiled
 
     @property
     def inside(self) -> bool:
@@ -155,9 +156,10 @@ class RegionCheck:
 
     def summary(self) -> str:
         m = self.module
-        alone = f"compiled alone on the inputs eager gave it, {m} {{}} eager (relative error {self.alone:.2g}, " \
-                f"{self.at:.2g} in the whole compile)"
-        out = f"with {m} run eagerly, the rest compiled, the outputs {{}} eager ({self.eager:.2g} against {self.full:.2g})"
+        alone = (f"compiled alone on the inputs eager gave it, {m} {{}} eager (relative error {self.alone:.2g}, "
+                 f"{self.at:.2g} in the whole compile)")
+        out = (f"with {m} run eagerly, the rest compiled, the outputs {{}} eager ({self.eager:.2g} against "
+               f"{self.full:.2g})")
         if self.inside:
             head = f"{m}'s own compiled code makes the difference: {alone.format('parts from')}"
             tail = (out.format("match") if self.removed

@@ -59,12 +59,13 @@ _STATS_FIELDS = 7   # Σx, Σx², min, max over finite elements; NaN, +Inf, -Inf
 
 def graph_row_stats(x: torch.Tensor) -> torch.Tensor:
     """The statistics of each row (last dimension) of `x`, written with torch ops so that a compiler fuses them
-    into the kernel that produces `x`: a vector of 7 x rows (float32; float64 for a float64 value), field after field (Σx of every row, then Σx²,
-    min, max, NaN count, +Inf count, -Inf count). `combine_rows` makes them the value's statistics.
+    into the kernel that produces `x`: a vector of 7 x rows (float32; float64 for a float64 value), field after
+    field (Σx of every row, then Σx², min, max, NaN count, +Inf count, -Inf count). `combine_rows` makes them the
+    value's statistics.
 
-    Only row reductions, taken where the rows are made: a reduction across rows would be a step of its own in
-    Inductor's kernel (on the CPU a barrier between its threads: 115 of them in one conv block's kernel, a third of
-    its time), and adding a few hundred rows is nothing for the host. Sums and counts are taken in float32 (float64
+    Only row reductions, taken where the rows are made: each reduction across rows would be a step of its own
+    (115 single-threaded steps, each ending in a barrier, in one conv block's CPU kernel; on a GPU, kernels), and
+    adding a few hundred rows is nothing for the host. Sums and counts are taken in float32 (float64
     for a float64 value): exact for counts, a row holds fewer than 2**24 elements. No masks: a finite Σx proves
     every element finite (the eager kernel's rule), and a value holding NaN/Inf keeps its counts while its finite
     figures are left unknown (keep="full" gives them).
@@ -120,7 +121,8 @@ def graph_stats(x: torch.Tensor) -> list[float]:
 
 def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None,
                       dtype: torch.dtype = torch.float32) -> TensorStats:
-    """`TensorStats` from a `graph_stats` vector (a tensor or list of 7 numbers) of a value of `dtype`."""
+    """`TensorStats` from the 7 statistics `graph_stats` or `combine_rows` gives (a tensor or a list) of a value of
+    `dtype`."""
     s, ss, mn, mx, nan, pinf, ninf = (float(a) for a in (v.tolist() if hasattr(v, "tolist") else v))
     n = math.prod(shape)
     if dtype == torch.bool:   # as the eager statistics of a bool tensor
@@ -500,14 +502,11 @@ def _next_rows(plan: GraphPlan, e: _Entry) -> int:
     return len(plan.row_counts) - 1
 
 
-
-
-
 def instrument_aten(gm, plan: GraphPlan) -> None:
     """`instrument` for a graph that only aten ops may enter (Inductor's, after AOT autograd): each value's
-    statistics are `graph_row_stats` traced to aten ops with Inductor's decompositions (on a fake value of the entry's
-    shape) and copied in; full values are returned as they are (the graph is functional: nothing changes a value
-    after it is made)."""
+    statistics are `graph_row_stats` traced to aten ops with Inductor's decompositions (on a fake value of the
+    entry's shape) and copied in; full values are returned as they are (the graph is functional: nothing changes a
+    value after it is made)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
