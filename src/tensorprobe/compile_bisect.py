@@ -228,33 +228,14 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
         if moved is not None and moved > FIXED_SHARE * full:
             return CompileBisect(full, compiles=compiles, seconds=time.monotonic() - started, bisected=False,
                                  sensitivity=moved)
-        checked = None
-        call_inputs = _call_inputs(model, inputs, *region[:2]) if region and region[0] else None
-        if call_inputs is not None:
-            sub = model.get_submodule(region[0])
-            with torch.no_grad():
-                torch.manual_seed(SEED)
-                own = _float_outputs(sub(*call_inputs))
-            alone = _compile_error(sub, call_inputs, own, backend, mode)
-            checked = RegionCheck(region[0], full, error(region_eager=True), alone, region[2])
-            compiles += 1
-            if checked.inside:   # the module's own code: bisect it alone
-                inner = bisect_compile(sub, call_inputs, backend=backend, mode=mode, inductor_config=inductor_config)
-                if inner.bisected and inner.stage is not None:
-                    return replace(inner, error=full, compiles=compiles + inner.compiles,
-                                   seconds=time.monotonic() - started, region=checked, region_bisected=True)
-        extra = [cb.ConfigChange("inductor", name, value) for name, value in EXTRA_CHANGES
-                 if not any(getattr(s, "name", None) == f"inductor_{name}" for s in cb.BACKENDS["inductor"])]
-        lowerings = next((i for i, s in enumerate(cb.BACKENDS["inductor"]) if s.name == "lowerings"),
-                         len(cb.BACKENDS["inductor"]))
-        cb.BACKENDS["inductor"][lowerings:lowerings] = extra
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):   # the bisector narrates with print()
-                found = cb.CompilerBisector.do_bisect(lambda: error() <= FIXED_SHARE * full)
-        finally:
-            for change in extra:
-                cb.BACKENDS["inductor"].remove(change)
-            torch._dynamo.reset()
+        checked, inner = _check_region(model, inputs, region, full, lambda: error(region_eager=True), backend,
+                                       mode, inductor_config) if region and region[0] else (None, None)
+        if checked is not None:
+            compiles += 1   # the module compiled alone
+        if inner is not None:
+            return replace(inner, error=full, compiles=compiles + inner.compiles,
+                           seconds=time.monotonic() - started, region=checked, region_bisected=True)
+        found = _run_bisector(cb, lambda: error() <= FIXED_SHARE * full)
     seconds = time.monotonic() - started
     if found is None:
         return CompileBisect(full, compiles=compiles, seconds=seconds, region=checked)
@@ -262,6 +243,44 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
     detail = found.debug_info if found.subsystem in _SUBSYSTEMS and found.debug_info else None
     return CompileBisect(full, stage=found.backend, part=found.subsystem, number=number, detail=detail,
                          compiles=compiles, seconds=seconds, region=checked)
+
+
+def _check_region(model: torch.nn.Module, inputs: tuple, region: tuple[str, int, float], full: float,
+                  error_with_region_eager: Any, backend: str, mode: str | None,
+                  inductor_config: dict[str, Any] | None) -> tuple[RegionCheck | None, CompileBisect | None]:
+    """The region check of the first divergence's module, and, when its own compiled code makes the difference,
+    the bisection of that module alone (None when it is not bisected there). (None, None) when the module is not
+    called with positional inputs only that often."""
+    path, call, at = region
+    call_inputs = _call_inputs(model, inputs, path, call)
+    if call_inputs is None:
+        return None, None
+    sub = model.get_submodule(path)
+    with torch.no_grad():
+        torch.manual_seed(SEED)
+        own = _float_outputs(sub(*call_inputs))
+    alone = _compile_error(sub, call_inputs, own, backend, mode)
+    checked = RegionCheck(path, full, error_with_region_eager(), alone, at)
+    if not checked.inside:
+        return checked, None
+    inner = bisect_compile(sub, call_inputs, backend=backend, mode=mode, inductor_config=inductor_config)
+    return checked, inner if inner.bisected and inner.stage is not None else None
+
+
+def _run_bisector(cb: Any, fixed: Any) -> Any:
+    """PyTorch's bisector with tensorprobe's Inductor settings added before its lowerings; its finding or None."""
+    extra = [cb.ConfigChange("inductor", name, value) for name, value in EXTRA_CHANGES
+             if not any(getattr(s, "name", None) == f"inductor_{name}" for s in cb.BACKENDS["inductor"])]
+    lowerings = next((i for i, s in enumerate(cb.BACKENDS["inductor"]) if s.name == "lowerings"),
+                     len(cb.BACKENDS["inductor"]))
+    cb.BACKENDS["inductor"][lowerings:lowerings] = extra
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):   # the bisector narrates with print()
+            return cb.CompilerBisector.do_bisect(fixed)
+    finally:
+        for change in extra:
+            cb.BACKENDS["inductor"].remove(change)
+        torch._dynamo.reset()
 
 
 def _compile_error(model: torch.nn.Module, inputs: tuple, reference: list[torch.Tensor], stage: str,
