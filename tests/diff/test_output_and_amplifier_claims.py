@@ -159,3 +159,61 @@ def test_a_floor_above_100_percent_says_it_judges_nothing(tmp_path):
     assert "above 100%, too wide to judge this record by" in deep.summary
     shallow = port(2, tmp_path / "shallow")
     assert shallow.verdict == "match" and "above 100%" not in shallow.summary
+
+
+class _Residual(torch.nn.Module):
+    """A residual block; with `pre_norm` a scale-invariant LayerNorm first, so that the first record a scaled input
+    changes is the second norm, whose input `x + self.mix(...)` the block's own code makes (no record)."""
+
+    def __init__(self, pre_norm: bool):
+        super().__init__()
+        self.pre_norm = torch.nn.LayerNorm(16) if pre_norm else None
+        self.mix, self.norm, self.out = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        x = x + self.mix(self.pre_norm(x) if self.pre_norm is not None else x)
+        return x + self.out(self.norm(x))
+
+
+class _ScaledBetween(torch.nn.Module):
+    """Two blocks; compiled, the value between them is scaled by `scale` (code of the root, no record)."""
+
+    def __init__(self, scale: float, pre_norm: bool):
+        super().__init__()
+        self.scale = scale
+        self.blocks = torch.nn.ModuleList([_Residual(pre_norm), _Residual(pre_norm)])
+
+    def forward(self, x):
+        h = self.blocks[0](x)
+        if torch.compiler.is_compiling():
+            h = h * self.scale
+        return self.blocks[1](h)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_an_error_made_between_records_is_not_called_identical_inputs_or_amplified_rounding(pre_norm, tmp_path):
+    """The value between two blocks is scaled only when compiled (code of the root, no record). Without a
+    pre-norm the first record to show it is blocks.1.mix, whose recorded input blocks.0 is identical: not "its
+    inputs are identical" but the reference feeding it blocks.0 and the candidate a value no record shows. With a
+    scale-invariant pre-norm it is blocks.1.norm, whose input the block's own code makes: its gain over the
+    records before it is put to that code or to the norm, not called amplified rounding. Without the scale: a
+    match."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 16)
+    for scale, verdict in ((1.05, "diverged"), (1.0, "match")):
+        model = _ScaledBetween(scale, pre_norm).eval()
+        ref = tp.capture(model, x, keep="full", out=tmp_path / f"e{scale}")
+        cand = tp.capture(model, x, keep="full", compile=True, backend="aot_eager", out=tmp_path / f"c{scale}")
+        report = tp.diff(ref, cand)
+        assert report.verdict == verdict, report.summary
+        if verdict == "match":
+            continue
+        assert "differ only by rounding noise" not in report.summary
+        assert "inputs are identical" not in report.summary
+        if pre_norm:
+            assert report.first_divergence == "blocks.1.norm"
+            assert "its input is made by blocks.1's own code, which no record shows" in report.summary
+        else:
+            assert report.first_divergence == "blocks.1.mix"
+            assert "the reference feeds it blocks.0, the candidate a value made by code no record shows" \
+                in report.summary

@@ -36,7 +36,8 @@ from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
 from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL,
-                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_READS_QUANTIZED, Amplifier,
+                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_INPUT_UNSEEN,
+                     TAG_READS_QUANTIZED, Amplifier,
                      CallSeries, Criteria, DiffReport, PairResult)
 
 TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
@@ -645,7 +646,8 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
     gain = predicted_gain(rec, ins, _output_index(p.name)) if rec is not None else 2.0
     e_in = p.input_rel_err or 0.0
-    if rec is not None and not ins and family(rec.op) in _DATA_CONDITIONED:
+    unseen = rec is not None and not ins and family(rec.op) in _DATA_CONDITIONED
+    if unseen:
         gain = HUGE_GAIN   # its input came through code no record shows: its conditioning is unknown
     local = (p.rounding or 0.0) * LOCAL_UNITS * _reduction_rounding(rec)
     if rec is not None and rec.op.startswith("module:") and p.floor is not None and _inside_unpaired(rec, done, by_name):
@@ -676,7 +678,8 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
             return replace(p, cause=CAUSE_AMPLIFIED, origin=src.name)
         flips = int(p.metrics.get("mismatches") or 0) if p.method == METHOD_EXACT else None
         words = _explained(p, rec, ins, by_name, e_in, e, flips) if rec is not None else None
-        return replace(p, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words)
+        tags = p.tags + (TAG_INPUT_UNSEEN,) if unseen else p.tags   # the gain rests on an input no record shows
+        return replace(p, cause=CAUSE_AMPLIFIED, origin=p.name, explanation=words, tags=tags)
     if src.cause == CAUSE_RANDOM:
         return replace(p, cause=CAUSE_RANDOM, origin=src.origin)
     return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)

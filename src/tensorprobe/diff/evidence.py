@@ -17,6 +17,8 @@ from .noise import CAUSE_OWN
 from .result import STATUS_NO_DATA, PairResult
 
 UNPAIRED, NOT_COMPARED, CAND_ONLY = "unpaired", "not compared", "candidate only"
+# the reference's record reads these, the candidate's reads nothing recorded: code no record shows made its input
+FED_OTHERWISE = "fed otherwise"
 
 
 def module_weights(ref_records: Iterable[Record]) -> dict[str, list[str]]:
@@ -40,12 +42,15 @@ def direct_inputs(rec: Record, own_weights: Mapping[str, Sequence[str]]) -> list
 def uncompared_inputs(p: PairResult, rec: Record | None, pairs: Mapping[str, PairResult],
                       own_weights: Mapping[str, Sequence[str]], cand: Record | None = None,
                       cand_paired: frozenset[str] = frozenset(), *, ref_kinds: Mapping[str, str] | None = None,
-                      cand_kinds: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+                      cand_kinds: Mapping[str, str] | None = None,
+                      cand_graph: bool = False) -> tuple[tuple[str, str], ...]:
     """The inputs of pair `p` that were not paired and compared, each as (name, why): why is `unpaired` (the
     candidate has no counterpart), `not compared` (paired, but values of other kinds, or no data), or
     `candidate only` (the candidate's record reads a record the reference has no counterpart of: an op the
     port adds, such as a channel reorder). `ref_kinds`/`cand_kinds`: each side's record kinds by name, when
-    known: names no record holds (an integer weight's zero point) and module inputs (never paired) are skipped."""
+    known: names no record holds (an integer weight's zero point) and module inputs (never paired) are skipped.
+    `cand_graph`: the candidate records its records' inputs (a PyTorch capture, compiled or not): a candidate
+    record reading no record then read a value made by code between records (`FED_OTHERWISE`)."""
     if rec is None:
         return ()
     out = []
@@ -59,6 +64,11 @@ def uncompared_inputs(p: PairResult, rec: Record | None, pairs: Mapping[str, Pai
             out.append((name, NOT_COMPARED))
     if cand is not None and cand_paired:
         out += [(name, CAND_ONLY) for name in cand.inputs if name not in cand_paired and _recorded(name, cand_kinds)]
+    if cand is not None and cand_graph and not cand.inputs:
+        # the candidate records what its records read, and this one read no record: the value it was given was
+        # made between records (a port's own forward scaling what the reference passes as it is)
+        out += [(name, FED_OTHERWISE) for name in rec.inputs
+                if (q := pairs.get(name)) is not None and q.compared and _recorded(name, ref_kinds)]
     return tuple(out)
 
 
@@ -78,14 +88,22 @@ def with_uncompared_inputs(forward: Sequence[PairResult], weights: Sequence[Pair
     cand_paired = frozenset(p.cand_name for p in pairs.values())
     ref_kinds = {r.name: r.kind for r in ref_records}
     cand_kinds = {r.name: r.kind for r in cand_bundle.records} if cand_bundle is not None else None
+    cand_graph = cand_bundle is not None and _records_inputs(cand_bundle.records)
     out = []
     for p in forward:
         if p.failed and p.cause == CAUSE_OWN:
             cand = cand_bundle.get(p.cand_name) if cand_bundle is not None else None
             p = replace(p, uncompared_inputs=uncompared_inputs(p, by_name.get(p.name), pairs, own, cand, cand_paired,
-                                                               ref_kinds=ref_kinds, cand_kinds=cand_kinds))
+                                                               ref_kinds=ref_kinds, cand_kinds=cand_kinds,
+                                                               cand_graph=cand_graph))
         out.append(p)
     return out
+
+
+def _records_inputs(records: Iterable[Record]) -> bool:
+    """Do a bundle's forward records name their inputs (a PyTorch capture), beyond the model's inputs?"""
+    return any(r.inputs and any(not i.startswith("input.") for i in r.inputs)
+               for r in records if r.kind not in WEIGHT_KINDS)
 
 
 def made_in(tags: Iterable[str], module: str) -> str | None:
@@ -98,4 +116,4 @@ def made_in(tags: Iterable[str], module: str) -> str | None:
     return next((t[len(TAG_INPUTS_MADE_IN):] for t in tags if t.startswith(TAG_INPUTS_MADE_IN)), parent)
 
 
-__all__ = ["CAND_ONLY", "NOT_COMPARED", "UNPAIRED", "direct_inputs", "made_in", "module_weights", "uncompared_inputs", "with_uncompared_inputs"]
+__all__ = ["CAND_ONLY", "FED_OTHERWISE", "NOT_COMPARED", "UNPAIRED", "direct_inputs", "made_in", "module_weights", "uncompared_inputs", "with_uncompared_inputs"]

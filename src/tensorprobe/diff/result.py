@@ -24,6 +24,8 @@ METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST, METHOD_STATS = "elementwise", "
 # a pair whose candidate record reads a value made with quantized arithmetic that has no reference counterpart
 # (the rescale after ConvInteger): computed from quantized arithmetic though not tagged quantized itself
 TAG_READS_QUANTIZED = "reads_quantized"
+# an amplifier credited with a gain its input cannot show: that input was made by code no record shows
+TAG_INPUT_UNSEEN = "input_unseen"
 MATCH_SUGGESTED = "rule (suggested)"   # a weight paired by the rename rules diff offers, not by the user
 
 VERDICT_MATCH = "match"

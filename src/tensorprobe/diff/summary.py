@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 
 from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label, op_place
-from .evidence import CAND_ONLY, NOT_COMPARED, UNPAIRED, made_in
+from .evidence import CAND_ONLY, FED_OTHERWISE, NOT_COMPARED, UNPAIRED, made_in
 from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
-from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_READS_QUANTIZED,
+from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_INPUT_UNSEEN,
+                     TAG_READS_QUANTIZED,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
 
 
@@ -261,6 +262,15 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
                 "are computed with quantized arithmetic or from its results. Judge the port by its outputs (or with "
                 "--min-snr)."
                 if p.explanation else "")
+    if p.cause == CAUSE_AMPLIFIED and TAG_INPUT_UNSEEN in p.tags:
+        # its input was made by code no record shows: the gain was measured from the records before that code
+        code = made_in(p.tags, p.module)
+        by = f"{_own_code(code, r)}, which no record shows" if code is not None else "code no record shows"
+        g = f" by {gain_words(p.gain)}" if p.gain is not None and p.gain >= 1 else ""
+        src = f" ({p.input_name}: {p.input_rel_err:.2g})" if p.input_name and p.input_rel_err else ""
+        return (f" No compared record adds error of its own, but its input is made by {by}: either that code adds "
+                f"the error, or this op amplifies the rounding noise of the records it is computed from{src}{g}. "
+                "Capture at --level op to see that code.")
     if p.cause == CAUSE_AMPLIFIED:
         g = f" ({gain_words(p.gain)})" if p.gain is not None and p.gain >= 1 else ""
         words = f": {p.explanation}" if p.explanation else ""
@@ -312,10 +322,14 @@ def _uncompared_words(p: PairResult, r: DiffReport | None = None) -> str:
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             parts.append(f"{why}: {', '.join(names[:3])}{more}")
+    fed = [n for n, w in p.uncompared_inputs if w == FED_OTHERWISE]
+    if fed:
+        parts.append(f"the reference feeds it {', '.join(fed[:3])}, the candidate a value made by code no record "
+                     "shows")
     shown = ("; the compared records it is computed from agree" if p.input_rel_err == 0 else
              f"; the compared records it is computed from differ by at most {p.input_rel_err:.2g}"
              if p.input_rel_err else "")
-    see = " Capture at --level op to see that code." if code is not None else ""
+    see = " Capture at --level op to see that code." if code is not None or fed else ""
     return (f" The error enters here or in what feeds it: its inputs were not compared ({'; '.join(parts)})"
             f"{shown}.{see}")
 
