@@ -47,7 +47,7 @@ from .hooks import module_tensors
 from .ops import ALIAS_OPS, RNG_OPS, SKIP_OPS
 from .record import KIND_OUTPUT, KIND_RNG, TAG_QUANTIZED, Record, dtype_name, record_name, short_op
 from .stats import TensorStats, compute_stats
-from .stats.core import BOOL_KIND, channel_count
+from .stats.core import bool_stats, channel_count
 
 # Backends whose graph after AOT autograd (aten ops) can be instrumented: what op level needs.
 OP_LEVEL_BACKENDS = ("aot_eager", "inductor")
@@ -126,9 +126,7 @@ def stats_from_vector(v: Any, shape: tuple[int, ...], channel_dim: int | None,
     s, ss, mn, mx, nan, pinf, ninf = (float(a) for a in (v.tolist() if hasattr(v, "tolist") else v))
     n = math.prod(shape)
     if dtype == torch.bool:   # as the eager statistics of a bool tensor
-        true = int(s)
-        return TensorStats(numel=n, kind=BOOL_KIND, min=float(true == n), max=float(true > 0), mean=true / n,
-                           absmax=float(true > 0))
+        return bool_stats(int(s), n)
     nan, pinf, ninf = int(nan), int(pinf), int(ninf)
     finite = n - nan - pinf - ninf
     if finite < n:   # the sums and extremes include the NaN/Inf: only the counts are known
@@ -850,11 +848,12 @@ def record_graph_run(recorder, plan: GraphPlan, extra: list, channel_dim: int | 
             continue
         if not recorder.wanted(name, entry.kind):
             continue
+        meta = _meta_value(entry.node)
         if i not in stats:
-            stats[i] = stats_from_vector(value, entry.shape, channel_dim, _meta_value(entry.node).dtype)
+            stats[i] = stats_from_vector(value, entry.shape, channel_dim, meta.dtype)
         rec = Record(name=name, module=module, op=op, order=recorder.order, shape=entry.shape,
-                     dtype=dtype_name(_meta_value(entry.node).dtype), stats=stats[i], kind=entry.kind, call=call,
-                     device=str(_meta_value(entry.node).device), inputs=inputs, tags=entry.tags + (TAG_COMPILED,))
+                     dtype=dtype_name(meta.dtype), stats=stats[i], kind=entry.kind, call=call,
+                     device=str(meta.device), inputs=inputs, tags=entry.tags + (TAG_COMPILED,))
         recorder.writer.add(rec, None)
         recorder.order += 1
         if recorder.on_record is not None:

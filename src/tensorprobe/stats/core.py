@@ -112,6 +112,12 @@ def kernel() -> Any:
 CANCELLATION_RATIO = 1e-3
 
 
+def bool_stats(true: int, n: int) -> TensorStats:
+    """The statistics of a bool tensor of `n` elements, `true` of them True (min/max/absmax as 0.0 or 1.0)."""
+    return TensorStats(numel=n, kind=BOOL_KIND, min=float(true == n), max=float(true > 0), mean=true / n,
+                       absmax=float(true > 0))
+
+
 def channel_count(shape: tuple[int, ...], channel_dim: int | None) -> dict[str, Any]:
     cd = resolve_channel_dim(shape, channel_dim)
     return {} if cd is None else {"channel_dim": cd, "channels": shape[cd]}

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .core import (BOOL_KIND, CANCELLATION_RATIO, COMPLEX_KIND, FLOAT_KIND, INT_KIND, KERNEL_MIN_ELEMENTS,
-                   MAX_CHANNEL_IDX, TensorStats, channel_count, kernel, resolve_channel_dim)
+                   MAX_CHANNEL_IDX, TensorStats, bool_stats, channel_count, kernel, resolve_channel_dim)
 
 
 def numpy_digest(a: np.ndarray) -> str:
@@ -23,9 +23,7 @@ def numpy_stats(a: np.ndarray, channel_dim: int | None) -> TensorStats:
     if n == 0:
         return TensorStats(numel=0, kind=_numpy_kind(a.dtype))
     if a.dtype == np.bool_:
-        true = int(np.count_nonzero(a))
-        return TensorStats(numel=n, kind=BOOL_KIND, min=float(true == n), max=float(true > 0), mean=true / n,
-                           absmax=float(true > 0))
+        return bool_stats(int(np.count_nonzero(a)), n)
     if a.dtype.kind == "c":
         return _numpy_complex_stats(a, channel_dim)
     if a.dtype.kind in "iu":

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .core import (BOOL_KIND, CANCELLATION_RATIO, COMPLEX_KIND, FLOAT_KIND, INT_KIND, MAX_CHANNEL_IDX,
-                   TensorStats, channel_count, kernel, resolve_channel_dim)
+                   TensorStats, bool_stats, channel_count, kernel, resolve_channel_dim)
 
 
 def torch_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
@@ -157,12 +157,7 @@ def _int_stats(x: torch.Tensor) -> TensorStats:
 
 
 def _bool_stats(x: torch.Tensor) -> TensorStats:
-    true = int(x.sum())
-    n = x.numel()
-    return TensorStats(
-        numel=n, kind=BOOL_KIND, min=float(true == n), max=float(true > 0), mean=true / n,
-        absmax=float(true > 0),
-    )
+    return bool_stats(int(x.sum()), x.numel())
 
 
 def _complex_stats(x: torch.Tensor, channel_dim: int | None) -> TensorStats:
