@@ -178,7 +178,7 @@ def compare(model: torch.nn.Module, inputs: Sequence[Any], runtime: str = "onnxr
                 step("bisecting the compile (PyTorch's compiler bisector)")
                 opts = runtime_options or {}
                 at = ref[first] if first in ref else None
-                parted = next((p.metrics.get("rel_l2_err") for p in report.pairs if p.name == first), None)
+                parted = report.get(first).metrics.get("rel_l2_err") if report.get(first) is not None else None
                 bisected = bisect_compile(model, inputs, backend=opts.get("backend") or adapter.default_backend,
                                           mode=opts.get("mode"), inductor_config={
                                               k: opts[k] for k in ("emulate_precision_casts", "fallback_random")

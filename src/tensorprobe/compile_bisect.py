@@ -207,13 +207,14 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
         raise InputError(f"bisect: backend {backend!r} is not one PyTorch's compiler bisector knows "
                          f"({', '.join(cb.BACKENDS)})")
     inputs = tuple(inputs)
-    with torch.no_grad():
+    # the region's module records its inputs in the reference run (bisecting it alone runs it on them)
+    with torch.no_grad(), _calls_of(model, region[0] if region and region[0] else None) as calls:
         torch.manual_seed(SEED)
-        raw = model(*inputs)
-    reference = _float_outputs(raw)
-    if not reference:
+        floats = _float_tensors(model(*inputs))
+    if not floats:
         raise InputError("bisect: the model returns no floating-point tensor to compare")
-    share = FIXED_SHARE_16BIT if _all_16bit(raw) else FIXED_SHARE
+    reference = [t.to(torch.float64) for t in floats]
+    share = FIXED_SHARE_16BIT if all(t.dtype in (torch.float16, torch.bfloat16) for t in floats) else FIXED_SHARE
     started, compiles = time.monotonic(), 0
 
     def error(region_eager: bool = False) -> float:
@@ -235,8 +236,9 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
         if moved is not None and moved > FIXED_SHARE * full:
             return CompileBisect(full, compiles=compiles, seconds=time.monotonic() - started, bisected=False,
                                  sensitivity=moved)
-        checked, inner = _check_region(model, inputs, region, full, lambda: error(region_eager=True), backend,
-                                       mode, inductor_config) if region and region[0] else (None, None)
+        call_inputs = calls[region[1]] if region and region[0] and region[1] < len(calls) else None
+        checked, inner = _check_region(model, call_inputs, region, full, lambda: error(region_eager=True), backend,
+                                       mode, inductor_config) if call_inputs is not None else (None, None)
         if checked is not None:
             compiles += 1   # the module compiled alone
         if inner is not None:
@@ -252,16 +254,13 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
                          compiles=compiles, seconds=seconds, region=checked)
 
 
-def _check_region(model: torch.nn.Module, inputs: tuple, region: tuple[str, int, float], full: float,
+def _check_region(model: torch.nn.Module, call_inputs: tuple, region: tuple[str, int, float], full: float,
                   error_with_region_eager: Any, backend: str, mode: str | None,
-                  inductor_config: dict[str, Any] | None) -> tuple[RegionCheck | None, CompileBisect | None]:
-    """The region check of the first divergence's module, and, when its own compiled code makes the difference,
-    the bisection of that module alone (None when it is not bisected there). (None, None) when the module is not
-    called with positional inputs only that often."""
-    path, call, at = region
-    call_inputs = _call_inputs(model, inputs, path, call)
-    if call_inputs is None:
-        return None, None
+                  inductor_config: dict[str, Any] | None) -> tuple[RegionCheck, CompileBisect | None]:
+    """The region check of the first divergence's module (called with `call_inputs` in the eager run), and, when
+    its own compiled code makes the difference, the bisection of that module alone (None when it is not bisected
+    there)."""
+    path, _call, at = region
     sub = model.get_submodule(path)
     with torch.no_grad():
         torch.manual_seed(SEED)
@@ -320,27 +319,26 @@ def _run_eagerly(model: torch.nn.Module, path: str | None):
         del sub.forward   # the class's forward again (the instance attribute set here is all that is removed)
 
 
-def _call_inputs(model: torch.nn.Module, inputs: tuple, path: str, call: int) -> tuple | None:
-    """The positional inputs of call number `call` of the module at `path`, from an eager run (seeded as the
-    others); None if it takes keyword inputs or is not called that often."""
-    seen: list[tuple] = []
+@contextlib.contextmanager
+def _calls_of(model: torch.nn.Module, path: str | None):
+    """The positional inputs of each call of the module at `path` while the block runs (copied; None for a call
+    with keyword inputs), as a list; empty for path=None or a path the model has no module at."""
+    seen: list[tuple | None] = []
 
     def keep(_module: Any, args: tuple, kwargs: dict) -> None:
         seen.append(tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args) if not kwargs
                     else None)
 
     try:
-        sub = model.get_submodule(path)
+        sub = model.get_submodule(path) if path else None
     except AttributeError:
-        return None
-    handle = sub.register_forward_pre_hook(keep, with_kwargs=True)
+        sub = None
+    handle = sub.register_forward_pre_hook(keep, with_kwargs=True) if sub is not None else None
     try:
-        with torch.no_grad():
-            torch.manual_seed(SEED)
-            model(*inputs)
+        yield seen
     finally:
-        handle.remove()
-    return seen[call] if call < len(seen) else None
+        if handle is not None:
+            handle.remove()
 
 
 def _sensitivity(model: torch.nn.Module, inputs: tuple, reference: list[torch.Tensor]) -> float | None:
@@ -377,32 +375,19 @@ def _fresh_compiles():
         yield
 
 
-def _all_16bit(out: Any) -> bool:
-    """Every floating-point output is float16 or bfloat16 (and there is one)."""
-    found: list[torch.dtype] = []
-
-    def walk(o: Any) -> None:
-        if isinstance(o, torch.Tensor):
-            if o.is_floating_point():
-                found.append(o.dtype)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (tuple, list)):
-            for v in o:
-                walk(v)
-    walk(out)
-    return bool(found) and all(d in (torch.float16, torch.bfloat16) for d in found)
-
-
-def _float_outputs(out: Any) -> list[torch.Tensor]:
+def _float_tensors(out: Any) -> list[torch.Tensor]:
+    """The floating-point tensors of a model's output (tensors, tuples, lists, dicts), detached, in order."""
     if isinstance(out, torch.Tensor):
-        return [out.detach().to(torch.float64)] if out.is_floating_point() else []
+        return [out.detach()] if out.is_floating_point() else []
     if isinstance(out, dict):
         out = list(out.values())
     if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _float_outputs(o)]
+        return [t for o in out for t in _float_tensors(o)]
     return []
+
+
+def _float_outputs(out: Any) -> list[torch.Tensor]:
+    return [t.to(torch.float64) for t in _float_tensors(out)]
 
 
 def _worst_error(got: list[torch.Tensor], reference: list[torch.Tensor]) -> float:

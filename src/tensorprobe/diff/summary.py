@@ -265,7 +265,7 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
     if p.cause == CAUSE_AMPLIFIED and TAG_INPUT_UNSEEN in p.tags:
         # its input was made by code no record shows: the gain was measured from the records before that code
         code = made_in(p.tags, p.module)
-        by = f"{_own_code(code, r)}, which no record shows" if code is not None else "code no record shows"
+        by = _unrecorded_code(code, r) if code is not None else "code no record shows"
         g = f" by {gain_words(p.gain)}" if p.gain is not None and p.gain >= 1 else ""
         src = f" ({p.input_name}: {p.input_rel_err:.2g})" if p.input_name and p.input_rel_err else ""
         return (f" No compared record adds error of its own, but its input is made by {by}: either that code adds "
@@ -310,13 +310,18 @@ def _own_code(module: str, r: DiffReport | None) -> str:
     return f"{module}'s own code" if module else op_place("", r.model_class if r is not None else None)
 
 
+def _unrecorded_code(module: str, r: DiffReport | None) -> str:
+    """'enc's own code, which no record shows' (the root's: its forward)."""
+    return f"{_own_code(module, r)}, which no record shows"
+
+
 def _uncompared_words(p: PairResult, r: DiffReport | None = None) -> str:
     """The error is first seen here, but not every input was compared: say which were not, and what the
     compared ones show. (Never "its inputs are identical": nothing proved it.)"""
     parts = []
     code = made_in(p.tags, p.module)
     if code is not None:
-        parts.append(f"made by {_own_code(code, r)}, which no record shows")
+        parts.append(f"made by {_unrecorded_code(code, r)}")
     for why in (UNPAIRED, NOT_COMPARED, CAND_ONLY):
         names = [n for n, w in p.uncompared_inputs if w == why]
         if names:
