@@ -1,5 +1,5 @@
 """What one ONNX Runtime capture leaves to the next in the same process (the shape-inference and naming
-plan of a file, the pre-faulted output buffer) must never change what the next capture records."""
+plan of a file, the pre-faulted output buffer, the sessions) must never change what the next capture records."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from tensorprobe.bundle.writer import PREFAULTED, release_buffers  # noqa: E402
 from tensorprobe.runtimes import get_runtime  # noqa: E402
-from tensorprobe.runtimes.onnxruntime import adapter  # noqa: E402
+from tensorprobe.runtimes.onnxruntime import adapter, release_sessions  # noqa: E402
 
 pytestmark = pytest.mark.onnx
 
 
 def _fresh_process_state() -> None:
     adapter._PLANS.clear()
+    adapter._REUSABLE.clear()
     release_buffers()
+    release_sessions()
 
 
 def _same_bundles(a, b) -> None:
@@ -36,10 +38,11 @@ def _warm_equals_cold(tmp_path, path, feeds, planned: bool) -> None:
     ort = get_runtime("onnxruntime")
     _fresh_process_state()
     first = ort.capture_artifact(path, feeds(0), out=tmp_path / "item0", keep="full")
-    kept = PREFAULTED.kept_bytes()
-    assert len(adapter._PLANS) == int(planned) and kept > 0
+    kept, sessions = PREFAULTED.kept_bytes(), dict(adapter._SESSIONS)
+    assert len(adapter._PLANS) == int(planned) and kept > 0 and len(sessions) == int(planned)
     warm = ort.capture_artifact(path, feeds(1), out=tmp_path / "item1", keep="full")
     assert len(adapter._PLANS) == int(planned) and PREFAULTED.kept_bytes() == kept   # reused, nothing new
+    assert all(adapter._SESSIONS.get(k) is v for k, v in sessions.items()) and len(adapter._SESSIONS) == len(sessions)
     _fresh_process_state()
     cold = ort.capture_artifact(path, feeds(1), out=tmp_path / "item1-cold", keep="full")
     _same_bundles(warm, cold)
@@ -84,3 +87,53 @@ def test_a_file_rewritten_in_place_is_planned_again(tmp_path):
     assert "Relu" in {r.op for r in relu} and "Neg" not in {r.op for r in relu}
     assert "Neg" in {r.op for r in neg} and "Relu" not in {r.op for r in neg}
     assert neg["output"].stats.min < 0 <= relu["output"].stats.min
+
+
+def test_a_graph_with_a_seeded_random_op_draws_the_same_numbers_at_every_capture(tmp_path):
+    """A kept session's RandomNormalLike goes on drawing where its last run stopped (ORT keeps the generator
+    in the kernel); a capture must draw what a new session draws, so such a graph's sessions are not kept."""
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike", seed=3.0),
+             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    path = tmp_path / "noisy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = {"x": np.zeros((4, 8), np.float32)}
+    ort = get_runtime("onnxruntime")
+    _fresh_process_state()
+    first, second = (ort.capture_artifact(path, feeds, out=tmp_path / f"item{i}", keep="full") for i in range(2))
+    assert first["output"].stats.std > 0.5   # standard normal draws
+    np.testing.assert_array_equal(first.numpy("output"), second.numpy("output"))
+    assert not adapter._SESSIONS
+
+
+def test_sessions_kept_for_a_file_are_not_used_for_it_once_rewritten(tmp_path):
+    """Same path and shapes, another graph written over the file: its capture runs a session of its own."""
+    path = tmp_path / "m.onnx"
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)}
+    ort = get_runtime("onnxruntime")
+    _fresh_process_state()
+    onnx.save(_graph("Relu"), str(path))
+    ort.capture_artifact(path, feeds, out=tmp_path / "relu", keep="stats")
+    onnx.save(_graph("Neg"), str(path))
+    neg = ort.capture_artifact(path, feeds, out=tmp_path / "neg", keep="stats")
+    assert neg["output"].stats.min < 0 < neg["output"].stats.max and len(adapter._SESSIONS) == 2
+    release_sessions()
+    assert not adapter._SESSIONS
+
+
+def test_each_capture_of_a_loaded_file_carries_its_own_run_notes(tmp_path):
+    """A sweep's worker captures every item from one loaded file: each bundle says what its run noted (here
+    the seed given to an unseeded random op) once, not once for every item captured before it."""
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike"),
+             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
+    path = tmp_path / "noisy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    ort = get_runtime("onnxruntime")
+    loaded = ort.load(path)
+    notes = [ort.capture_prepared(loaded, [np.zeros((4, 8), np.float32)], out=tmp_path / f"item{i}",
+                                  keep="stats").manifest["runtime"]["notes"] for i in range(3)]
+    assert len(notes[0]) == 1 and "given seeds" in notes[0][0]
+    assert notes[1] == notes[2] == notes[0]

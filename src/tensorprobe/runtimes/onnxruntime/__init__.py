@@ -21,15 +21,19 @@ Memory: all outputs of a 10 s Kokoro decoder run take ~8 GB. The graph is cut in
 each run as its own session on the values the previous ones produced (every node still runs once), whose
 outputs ORT writes into one reused buffer of min(`max_bytes`, 256 MiB); records are yielded one at a time,
 each borrowed from that buffer until the next segment runs (see `adapter._OrtRun._run_full`).
+
+What one capture leaves to the next capture of the same file (a sweep's items, a rerun): the plan, the
+output buffer and, for a file of at most 32 MiB of weights and no random op, its sessions (at most four).
+`release_sessions()` lets the sessions go, `tensorprobe.bundle.writer.release_buffers()` the buffers.
 """
 
 from __future__ import annotations
 
-from .adapter import OnnxArtifact, OnnxRuntimeAdapter
+from .adapter import OnnxArtifact, OnnxRuntimeAdapter, release_sessions
 from .export import EXPORTERS, export_onnx, tuple_output_shapes
 from .session import (SharedInitializers, default_budget, estimate_bytes, graph_feeds, load_inputs, make_session,
                       segment_model, split_segments, with_outputs)
 
 __all__ = ["EXPORTERS", "OnnxArtifact", "OnnxRuntimeAdapter", "SharedInitializers", "default_budget",
-           "estimate_bytes", "export_onnx", "graph_feeds", "load_inputs", "make_session", "segment_model",
-           "split_segments", "tuple_output_shapes", "with_outputs"]
+           "estimate_bytes", "export_onnx", "graph_feeds", "load_inputs", "make_session", "release_sessions",
+           "segment_model", "split_segments", "tuple_output_shapes", "with_outputs"]
