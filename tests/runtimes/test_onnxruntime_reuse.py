@@ -137,3 +137,27 @@ def test_each_capture_of_a_loaded_file_carries_its_own_run_notes(tmp_path):
                                   keep="stats").manifest["runtime"]["notes"] for i in range(3)]
     assert len(notes[0]) == 1 and "given seeds" in notes[0][0]
     assert notes[1] == notes[2] == notes[0]
+
+
+def test_a_forked_child_builds_its_own_sessions(tmp_path):
+    """A kept session's thread pool does not survive a fork: a child process captures with its own."""
+    import multiprocessing
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_graph("Tanh"), str(path))
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)}
+    ort = get_runtime("onnxruntime")
+    parent = ort.capture_artifact(path, feeds, out=tmp_path / "parent", keep="stats")
+    assert adapter._SESSIONS
+
+    def child(queue):
+        inherited = len(adapter._SESSIONS)
+        queue.put((inherited, ort.capture_artifact(path, feeds, out=tmp_path / "child", keep="stats")["output"].stats))
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    inherited, stats = queue.get(timeout=60)
+    proc.join(60)
+    assert inherited == 0 and stats == parent["output"].stats

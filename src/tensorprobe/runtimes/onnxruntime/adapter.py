@@ -375,6 +375,19 @@ def release_sessions() -> None:
     _SESSIONS.clear()
 
 
+_FORKED_AWAY: list[dict] = []   # a forked child's copies of its parent's sessions: never run, never destroyed
+
+
+def _drop_sessions_in_child() -> None:
+    # A session's thread pool does not survive a fork: a child builds its own sessions. The inherited ones
+    # are set aside rather than destroyed, since their destructor would join threads the child does not have.
+    _FORKED_AWAY.append(dict(_SESSIONS))
+    _SESSIONS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_sessions_in_child)
+
+
 def _sessions_reusable(model: Any, path: Path | None) -> bool:
     """Whether a session of this file may serve several captures: it has no random op (a kept session's
     generator goes on where the last run left it, where a new one starts again from its seed) and weights

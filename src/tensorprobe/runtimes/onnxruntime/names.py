@@ -650,15 +650,18 @@ def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iter
         yield _weight_base(base), value, (f"dequantized:{q.dtype.name}", f"{TAG_QSTEP}{step:.6g}")
 
 
-def node_inputs(node: Any) -> Iterable[str]:
+def node_inputs(node: Any) -> list[str]:
     """Names a node reads, including outer-scope names used inside its subgraphs (If/Loop/Scan)."""
-    for v in node.input:
-        if v:
-            yield v
+    names = [v for v in node.input if v]
     for attr in node.attribute:
-        graphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
-        for g in graphs:
-            yield from _outer_refs(g)
+        # a graph attribute's type says so; one without a type (a hand-made proto) is looked into
+        if attr.type in (_GRAPH, _GRAPHS) or (attr.type == 0 and (attr.HasField("g") or len(attr.graphs))):
+            for g in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names.extend(_outer_refs(g))
+    return names
+
+
+_GRAPH, _GRAPHS = 5, 10   # AttributeProto.GRAPH, AttributeProto.GRAPHS
 
 
 def _outer_refs(graph: Any) -> Iterable[str]:

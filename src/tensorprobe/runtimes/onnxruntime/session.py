@@ -3,6 +3,7 @@ estimates, and the segments whose outputs fit one reused buffer (IOBinding). No 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -210,7 +211,7 @@ def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, 
     g = light.graph
     g.node.extend(model.graph.node)
     for init in model.graph.initializer:  # big weights become typed inputs: shapes without data
-        if int(np.prod(init.dims, dtype=np.int64)) > 512:  # (not len(raw_data): each access copies the bytes)
+        if math.prod(init.dims) > 512:  # (not len(raw_data): each access copies the bytes)
             g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
         else:
             g.initializer.append(init)
@@ -226,7 +227,7 @@ def estimate_bytes(model: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, 
         shapes_dp, types_dp = _inferred_shapes(light, data_prop=True)
         if len(shapes_dp) > len(shapes):
             shapes, types = shapes_dp, types_dp
-    sizes = {v: int(np.prod(shape, dtype=np.int64)) * _itemsize(types[v]) for v, shape in shapes.items()}
+    sizes = {v: math.prod(shape) * _itemsize(types[v]) for v, shape in shapes.items()}
     for name, arr in feeds.items():
         sizes[name] = arr.nbytes
     for node in model.graph.node:  # unknown: as large as the largest input of the node
@@ -259,6 +260,7 @@ def _inferred_shapes(light: Any, *, data_prop: bool) -> tuple[dict[str, tuple[in
     return shapes, types
 
 
+@functools.lru_cache(maxsize=None)
 def _itemsize(elem_type: int) -> int:
     import onnx
 
