@@ -18,8 +18,8 @@ pytestmark = pytest.mark.onnx
 
 
 def _fresh_process_state() -> None:
-    adapter._PLANS.clear()
-    adapter._REUSABLE.clear()
+    for cache in (adapter._PLANS, adapter._WEIGHT_FACTS, adapter._READY_AS_IS, adapter._LAST_USE, adapter._REUSABLE):
+        cache.clear()
     release_buffers()
     release_sessions()
 
@@ -161,3 +161,18 @@ def test_a_forked_child_builds_its_own_sessions(tmp_path):
     inherited, stats = queue.get(timeout=60)
     proc.join(60)
     assert inherited == 0 and stats == parent["output"].stats
+
+
+def test_a_capture_of_a_torch_model_keeps_nothing_for_its_temporary_export(tmp_path):
+    """`capture(model, ...)` exports into a temporary directory removed after the capture: the sessions
+    (which hold the weights) and plans kept for that file would never serve again, so none are kept."""
+    import torch
+
+    _fresh_process_state()
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 8, 3), torch.nn.GELU(), torch.nn.Conv1d(8, 2, 3)).eval()
+    ort = get_runtime("onnxruntime")
+    ort.capture(model, (torch.randn(1, 2, 64),), out=tmp_path / "bundle", keep="stats")
+    assert not adapter._SESSIONS and not adapter._PLANS and not adapter._WEIGHT_FACTS
+    kept = ort.capture(model, (torch.randn(1, 2, 64),), out=tmp_path / "kept", keep="stats",
+                       workdir=tmp_path / "export")   # the user's directory: the file stays, so does its session
+    assert len(adapter._SESSIONS) == 1 and len(kept) > 3

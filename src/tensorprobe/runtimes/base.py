@@ -139,9 +139,13 @@ class RuntimeAdapter:
         self.check_options(options)
         with _Workdir(workdir) as wd:
             artifact = self._prepare(model, tuple(inputs), wd, **options)
-            return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
-                                          exclude=exclude, model_info={"class": type(model).__name__,
-                                                                          "module_types": module_types(model)})
+            try:
+                return self._capture_artifact(artifact, tuple(inputs), out, keep=keep, include=include,
+                                              exclude=exclude, model_info={"class": type(model).__name__,
+                                                                              "module_types": module_types(model)})
+            finally:
+                if workdir is None:   # the artifact's files go with the temporary directory
+                    self._forget(artifact)
 
     def prepare(self, model: torch.nn.Module, inputs: Sequence[torch.Tensor], workdir: str | os.PathLike,
                 **options: Any) -> Any:
@@ -186,6 +190,9 @@ class RuntimeAdapter:
     def _weights(self, artifact: Any) -> Iterator[RuntimeTensor]:
         """The artifact's weights (kind "param"), compared by `diff` before the forward; none by default."""
         return iter(())
+
+    def _forget(self, artifact: Any) -> None:
+        """Drop what captures of `artifact` kept for the next one (its files are about to be removed)."""
 
     def runtime_info(self, artifact: Any = None) -> dict[str, Any]:
         """Name, version and settings of the runtime (and of `artifact`, where the adapter knows some)."""

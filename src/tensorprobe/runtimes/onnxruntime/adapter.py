@@ -144,6 +144,16 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         if key is not None:
             _remember(_WEIGHT_FACTS, key, facts)
 
+    def _forget(self, artifact: OnnxArtifact) -> None:
+        # an export into a temporary directory is captured once: what its captures kept (sessions above all,
+        # which hold the weights) would serve nothing
+        key = _file_key(artifact.path)
+        if key is None:
+            return
+        for cache in (_PLANS, _WEIGHT_FACTS, _READY_AS_IS, _LAST_USE, _REUSABLE, _SESSIONS):
+            for k in [k for k in cache if _of_file(k, key)]:
+                del cache[k]
+
     def runtime_info(self, artifact: OnnxArtifact | None = None) -> dict[str, Any]:
         info = super().runtime_info()
         info.update(providers=["CPUExecutionProvider"], **(artifact.info if artifact is not None else {}))
@@ -447,6 +457,13 @@ def _file_key(path: Path | None) -> tuple | None:
     except OSError:
         return None
     return (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _of_file(cache_key: tuple, file_key: tuple) -> bool:
+    """Whether a per-file cache's key is `file_key`'s: the file key itself, or a plan key (which starts
+    with it) or a tuple that starts with a plan key."""
+    n = len(file_key)
+    return cache_key[:n] == file_key or (isinstance(cache_key[0], tuple) and cache_key[0][:n] == file_key)
 
 
 def _plan_key(artifact: OnnxArtifact, feeds: dict[str, np.ndarray], by_name: bool) -> tuple | None:
