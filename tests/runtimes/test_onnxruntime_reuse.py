@@ -176,3 +176,20 @@ def test_a_capture_of_a_torch_model_keeps_nothing_for_its_temporary_export(tmp_p
     kept = ort.capture(model, (torch.randn(1, 2, 64),), out=tmp_path / "kept", keep="stats",
                        workdir=tmp_path / "export")   # the user's directory: the file stays, so does its session
     assert len(adapter._SESSIONS) == 1 and len(kept) > 3
+
+
+def test_a_session_is_kept_only_for_a_small_run(tmp_path):
+    """A kept session keeps its arena too, which grows to the run's scratch memory: a run whose values pass
+    64 MiB (a long input through a small model) builds its session each time and keeps none."""
+    nodes = [helper.make_node("Tanh", ["x"], ["h"], name="act/Tanh"),
+             helper.make_node("Neg", ["h"], ["y"], name="out/Neg")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "n"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n"])])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    ort = get_runtime("onnxruntime")
+    _fresh_process_state()
+    ort.capture_artifact(path, {"x": np.ones((1, 12 << 20), np.float32)}, out=tmp_path / "long", keep="stats")
+    assert not adapter._SESSIONS          # 2 x 48 MiB of values
+    short = ort.capture_artifact(path, {"x": np.ones((1, 4096), np.float32)}, out=tmp_path / "short", keep="stats")
+    assert len(adapter._SESSIONS) == 1 and short["output"].stats.max < 0

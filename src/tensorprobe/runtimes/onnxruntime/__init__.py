@@ -23,7 +23,8 @@ outputs ORT writes into one reused buffer of min(`max_bytes`, 256 MiB); records 
 each borrowed from that buffer until the next segment runs (see `adapter._OrtRun._run_full`).
 
 What one capture leaves to the next capture of the same file (a sweep's items, a rerun): the plan, the
-output buffer and, for a file of at most 32 MiB of weights and no random op, its sessions (at most four).
+output buffer and, for a file of at most 32 MiB of weights and no random op, its sessions (at most four;
+for runs whose values take at most 64 MiB: a session keeps its arena, which grows to the run's scratch).
 `release_sessions()` lets the sessions go, `tensorprobe.bundle.writer.release_buffers()` the buffers.
 """
 

@@ -292,7 +292,7 @@ class _OrtRun:
         segments = split_segments(model, plans, sizes, pool.nbytes)
         self.last_run["session_runs"] = len(segments)
         try:
-            yield from self._run_segments(model, feeds, plans, shapes, types, segments, pool)
+            yield from self._run_segments(model, feeds, plans, sizes, shapes, types, segments, pool)
         finally:   # every record has copied what it keeps from the buffer: the next capture reuses it
             pool.release()
 
@@ -305,12 +305,16 @@ class _OrtRun:
         return self.artifact.shared_weights
 
     def _segment_session(self, model: Any, segments: list[tuple[int, int]], k: int, live: dict[str, np.ndarray],
-                         wanted: set[str], needed_later: dict[str, int]) -> tuple[Any, list[str], list[str]]:
-        """(session, its inputs, its outputs) for segment k. A session is kept for the next capture of the
-        same file with the same plan (a sweep's items, a rerun): building one cost 3.5 ms of a 17 ms capture
-        of CREPE tiny. Only where running it again gives what a new session gives (`_sessions_reusable`)."""
+                         wanted: set[str], needed_later: dict[str, int], nbytes: int
+                         ) -> tuple[Any, list[str], list[str]]:
+        """(session, its inputs, its outputs) for segment k, whose values take `nbytes`. A session is kept
+        for the next capture of the same file with the same plan (a sweep's items, a rerun): building one cost
+        3.5 ms of a 17 ms capture of CREPE tiny. Only where running it again gives what a new session gives
+        (`_sessions_reusable`), and for a small run: a kept session also keeps its arena, which grows to the
+        run's scratch memory (a long input's session is built again, in a small share of its run)."""
         key = None
-        if self.plan_key is not None and model is self.artifact.model and _sessions_reusable(model, self.artifact.path):
+        if self.plan_key is not None and model is self.artifact.model and nbytes <= _SESSION_RUN_BYTES \
+                and _sessions_reusable(model, self.artifact.path):
             from ...logs import is_quiet
 
             key = (self.plan_key, tuple(segments), k, frozenset(wanted), self.artifact.threads, is_quiet())
@@ -339,7 +343,7 @@ class _OrtRun:
             _remember(self.artifact.segment_models, key, made, kept=_SEGMENT_MODELS_KEPT)
         return made
 
-    def _run_segments(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan],
+    def _run_segments(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
                       shapes: dict[str, tuple[int, ...]], types: dict[str, int], segments: list[tuple[int, int]],
                       pool: _OutputPool) -> Iterator[RuntimeTensor]:
         live: dict[str, np.ndarray] = dict(feeds)
@@ -352,7 +356,8 @@ class _OrtRun:
         for k, (lo, hi) in enumerate(segments):
             seg_plans = [p for p in plans if lo <= p.node_index < hi]
             wanted = {p.value for p in seg_plans}
-            sess, seg_in, seg_out = self._segment_session(model, segments, k, live, wanted, needed_later)
+            nbytes = sum(sizes.get(v, 0) for v in wanted)
+            sess, seg_in, seg_out = self._segment_session(model, segments, k, live, wanted, needed_later, nbytes)
             outs = run_bound(sess, {v: live[v] for v in seg_in}, seg_out, shapes, types, pool)
             del sess
             for v in list(live):
@@ -377,6 +382,7 @@ _LAST_USE: dict[tuple, dict[str, int]] = {}   # (plan key, segments) -> `_last_u
 _SESSIONS: dict[tuple, tuple] = {}
 _SESSIONS_KEPT = 4                  # a session holds its own copy of the weights it reads:
 _SESSION_WEIGHT_BYTES = 32 << 20    # at most 4 x 32 MiB kept
+_SESSION_RUN_BYTES = 64 << 20       # values of a run whose session is kept (its arena holds the run's scratch)
 _REUSABLE: dict[tuple, bool] = {}   # file -> `_sessions_reusable`
 
 
