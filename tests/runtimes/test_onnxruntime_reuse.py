@@ -12,16 +12,14 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from tensorprobe.bundle.writer import PREFAULTED, release_buffers  # noqa: E402
 from tensorprobe.runtimes import get_runtime  # noqa: E402
-from tensorprobe.runtimes.onnxruntime import adapter, release_sessions  # noqa: E402
+from tensorprobe.runtimes.onnxruntime import adapter, forget_kept  # noqa: E402
 
 pytestmark = pytest.mark.onnx
 
 
 def _fresh_process_state() -> None:
-    for cache in (adapter._PLANS, adapter._WEIGHT_FACTS, adapter._READY_AS_IS, adapter._LAST_USE, adapter._REUSABLE):
-        cache.clear()
+    forget_kept()
     release_buffers()
-    release_sessions()
 
 
 def _same_bundles(a, b) -> None:
@@ -118,8 +116,8 @@ def test_sessions_kept_for_a_file_are_not_used_for_it_once_rewritten(tmp_path):
     onnx.save(_graph("Neg"), str(path))
     neg = ort.capture_artifact(path, feeds, out=tmp_path / "neg", keep="stats")
     assert neg["output"].stats.min < 0 < neg["output"].stats.max and len(adapter._SESSIONS) == 2
-    release_sessions()
-    assert not adapter._SESSIONS
+    forget_kept()
+    assert not adapter._SESSIONS and not adapter._PLANS
 
 
 def test_each_capture_of_a_loaded_file_carries_its_own_run_notes(tmp_path):
@@ -193,3 +191,88 @@ def test_a_session_is_kept_only_for_a_small_run(tmp_path):
     assert not adapter._SESSIONS          # 2 x 48 MiB of values
     short = ort.capture_artifact(path, {"x": np.ones((1, 4096), np.float32)}, out=tmp_path / "short", keep="stats")
     assert len(adapter._SESSIONS) == 1 and short["output"].stats.max < 0
+
+
+def _weights_scaled(factor: float) -> onnx.ModelProto:
+    model = _graph("Tanh")
+    w = model.graph.initializer[0]
+    w.CopyFrom(helper.make_tensor("w", TensorProto.FLOAT, [64, 64],
+                                  (factor * np.linspace(-1, 1, 64 * 64)).astype(np.float32).tobytes(), raw=True))
+    return model
+
+
+def test_a_file_rewritten_with_its_mtime_put_back_is_captured_anew(tmp_path):
+    """`cp -p`, `rsync -t`, `tar x`: same path, size and inode, the old mtime; the ctime still moves."""
+    import os
+
+    path = tmp_path / "m.onnx"
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)}
+    ort = get_runtime("onnxruntime")
+    _fresh_process_state()
+    onnx.save(_weights_scaled(1.0), str(path))
+    st = os.stat(path)
+    first = ort.capture_artifact(path, feeds, out=tmp_path / "first", keep="full")
+    with open(path, "r+b") as f:   # in place: same inode
+        f.write(_weights_scaled(1.5).SerializeToString())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_ino == st.st_ino
+    second = ort.capture_artifact(path, feeds, out=tmp_path / "second", keep="full")
+    matmul = "<root>/MatMul.0"
+    np.testing.assert_allclose(second.numpy(matmul), 1.5 * first.numpy(matmul), rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_whose_external_data_file_is_rewritten_is_captured_anew(tmp_path):
+    """Weights saved beside the graph (`.onnx.data`): rewriting only that file changes what a capture runs."""
+    path = tmp_path / "m.onnx"
+    feeds = {"x": np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)}
+    ort = get_runtime("onnxruntime")
+    _fresh_process_state()
+
+    onnx.save(_weights_scaled(1.0), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.onnx.data", size_threshold=0)
+    first = ort.capture_artifact(path, feeds, out=tmp_path / "first", keep="full")
+    data = tmp_path / "m.onnx.data"
+    with open(data, "r+b") as f:   # in place, the weights x1.5; the graph file is not touched
+        f.write((1.5 * np.frombuffer(data.read_bytes(), np.float32)).astype(np.float32).tobytes())
+    second = ort.capture_artifact(path, feeds, out=tmp_path / "second", keep="full")
+    matmul = "<root>/MatMul.0"
+    np.testing.assert_allclose(second.numpy(matmul), 1.5 * first.numpy(matmul), rtol=1e-5, atol=1e-5)
+
+
+def test_a_seeded_dropout_in_training_mode_draws_the_same_mask_at_every_capture(tmp_path):
+    """ORT's Dropout keeps its generator in the kernel, as the random ops do: no session of it is kept."""
+    nodes = [helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop/Dropout", seed=7)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 64])],
+                              initializer=[helper.make_tensor("ratio", TensorProto.FLOAT, [], [0.5]),
+                                           helper.make_tensor("train", TensorProto.BOOL, [], [True])])
+    path = tmp_path / "drop.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = {"x": np.ones((16, 64), np.float32)}
+    ort = get_runtime("onnxruntime")
+    _fresh_process_state()
+    first, second = (ort.capture_artifact(path, feeds, out=tmp_path / f"item{i}", keep="full") for i in range(2))
+    assert 0 < (first.numpy("output") == 0).mean() < 1   # a mask was drawn
+    np.testing.assert_array_equal(first.numpy("output"), second.numpy("output"))
+    assert not adapter._SESSIONS
+
+
+def test_threads_capturing_from_one_loaded_file_each_get_their_own_notes(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike"),
+             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])])
+    path = tmp_path / "noisy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    ort = get_runtime("onnxruntime")
+    loaded = ort.load(path)
+
+    def capture(i):
+        return ort.capture_prepared(loaded, [np.zeros((64, 256), np.float32)], out=tmp_path / f"item{i}",
+                                    keep="stats").manifest["runtime"]["notes"]
+
+    with ThreadPoolExecutor(3) as pool:
+        notes = list(pool.map(capture, range(24)))
+    assert all(len(n) == 1 and "given seeds" in n[0] for n in notes)

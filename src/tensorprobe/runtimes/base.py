@@ -32,7 +32,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -184,7 +184,9 @@ class RuntimeAdapter:
     def _load(self, path: Path, **options: Any) -> Any:
         raise NotImplementedError(f"{self.name} can't load an existing artifact")
 
-    def _run(self, artifact: Any, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
+    def _run(self, artifact: Any, inputs: Any, selection: Selection) -> Iterable[RuntimeTensor]:
+        """The run's records, in the order they are computed. The iterable may carry `notes` (a list of
+        sentences on what the run did to the artifact), which the capture puts in `runtime.notes`."""
         raise NotImplementedError
 
     def _weights(self, artifact: Any) -> Iterator[RuntimeTensor]:
@@ -249,7 +251,8 @@ class RuntimeAdapter:
                            t)   # always kept: `diff` tells "the inputs already differ" by their values
                 order += 1
             dtypes: set[str] = set()
-            for rt in self._run(artifact, inputs, selection):
+            run = self._run(artifact, inputs, selection)
+            for rt in run:
                 name = rt.name or rt.runtime_name
                 kept = rt.kind in _ALWAYS_KEPT
                 if not kept and not selection.wants(name):
@@ -262,9 +265,13 @@ class RuntimeAdapter:
                                   tags=rt.tags),
                            data if (keep == "full" or kept) else None, copy=rt.borrowed)
                 order += 1
-            env = collect_environment(runtime=self.runtime_info(artifact))
+            info = self.runtime_info(artifact)
+            notes = list(getattr(run, "notes", ()))   # what this run did to the artifact (reordered, seeded...)
+            if notes:
+                info["notes"] = notes
+            env = collect_environment(runtime=info)
             env["dtypes"] = sorted(d for d in dtypes if d.startswith(("float", "bfloat")))
-            writer.set_header(environment=env, runtime=self.runtime_info(artifact))   # with notes made while running
+            writer.set_header(environment=env, runtime=info)
         return writer.bundle()
 
 

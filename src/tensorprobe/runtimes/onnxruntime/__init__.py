@@ -25,16 +25,16 @@ each borrowed from that buffer until the next segment runs (see `adapter._OrtRun
 What one capture leaves to the next capture of the same file (a sweep's items, a rerun): the plan, the
 output buffer and, for a file of at most 32 MiB of weights and no random op, its sessions (at most four;
 for runs whose values take at most 64 MiB: a session keeps its arena, which grows to the run's scratch).
-`release_sessions()` lets the sessions go, `tensorprobe.bundle.writer.release_buffers()` the buffers.
+`forget_kept()` lets all of it go but the buffers, `tensorprobe.bundle.writer.release_buffers()` the buffers.
 """
 
 from __future__ import annotations
 
-from .adapter import OnnxArtifact, OnnxRuntimeAdapter, release_sessions
+from .adapter import OnnxArtifact, OnnxRuntimeAdapter, forget_kept
 from .export import EXPORTERS, export_onnx, tuple_output_shapes
 from .session import (SharedInitializers, default_budget, estimate_bytes, graph_feeds, load_inputs, make_session,
                       segment_model, split_segments, with_outputs)
 
 __all__ = ["EXPORTERS", "OnnxArtifact", "OnnxRuntimeAdapter", "SharedInitializers", "default_budget",
-           "estimate_bytes", "export_onnx", "graph_feeds", "load_inputs", "make_session", "release_sessions",
+           "estimate_bytes", "export_onnx", "forget_kept", "graph_feeds", "load_inputs", "make_session",
            "segment_model", "split_segments", "tuple_output_shapes", "with_outputs"]

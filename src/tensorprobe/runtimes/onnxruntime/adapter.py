@@ -41,6 +41,7 @@ class OnnxArtifact:
     # models by (plan, segment, values wanted)
     shared_weights: Any = None
     segment_models: dict[tuple, tuple] = field(default_factory=dict)
+    data_files: tuple[Path, ...] = ()   # the external data files its weights were read from
 
 
 class OnnxRuntimeAdapter(RuntimeAdapter):
@@ -103,13 +104,16 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         if not path.is_file():
             raise TargetError(f"{path}: no such ONNX file")
         try:
-            model = onnx.load(str(path))
-        except Exception as e:  # protobuf DecodeError and friends
+            model = onnx.load(str(path), load_external_data=False)
+            data_files = _external_data_files(model, path.parent)
+            if data_files:
+                onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+        except Exception as e:  # protobuf DecodeError and friends, a missing data file
             raise TargetError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
         if isinstance(rules, (str, os.PathLike)):
             rules = MappingRules.from_file(str(rules))
         art = OnnxArtifact(model=model, path=path, exporter=exporter, rules=rules, max_bytes=max_bytes, threads=threads,
-                           state_names=exported_state_names(model))
+                           state_names=exported_state_names(model), data_files=data_files)
         art.info = {"onnx_file": str(path), "exporter": exporter or "none (user file)",
                     "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
                     "producer": f"{model.producer_name} {model.producer_version}".strip(),
@@ -118,14 +122,14 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
                     "outputs": list(model_output_names([o.name for o in model.graph.output]).values())}
         return art
 
-    def _run(self, artifact: OnnxArtifact, inputs: Any, selection: Selection) -> Iterator[RuntimeTensor]:
-        return _OrtRun(artifact, selection, self.last_run).run(inputs)
+    def _run(self, artifact: OnnxArtifact, inputs: Any, selection: Selection) -> "_OrtRun":
+        return _OrtRun(artifact, selection, self.last_run, inputs)   # its `notes` go to the bundle's header
 
     def _weights(self, artifact: OnnxArtifact) -> Iterator[RuntimeTensor]:
         # A file's weights are the same at every capture of it: which initializers are weights, their shapes,
         # statistics and digests are remembered, and their values are only made if a record keeps them
         # (keep="full"); decoding every initializer again cost ~0.9 ms of a 20 ms capture of CREPE tiny.
-        key = _file_key(artifact.path)
+        key = _file_key(artifact)
         known = _WEIGHT_FACTS.get(key) if key is not None else None
         if known is not None:
             values = _GraphWeightValues(artifact)
@@ -147,10 +151,10 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
     def _forget(self, artifact: OnnxArtifact) -> None:
         # an export into a temporary directory is captured once: what its captures kept (sessions above all,
         # which hold the weights) would serve nothing
-        key = _file_key(artifact.path)
+        key = _file_key(artifact)
         if key is None:
             return
-        for cache in (_PLANS, _WEIGHT_FACTS, _READY_AS_IS, _LAST_USE, _REUSABLE, _SESSIONS):
+        for cache in _PER_FILE:
             for k in [k for k in cache if _of_file(k, key)]:
                 del cache[k]
 
@@ -161,20 +165,24 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
 
 
 class _OrtRun:
-    """One run of an artifact: its options, the records selected (--include/--exclude: unselected values
-    are never made graph outputs) and the notes it leaves on the artifact's info. No state on the adapter."""
+    """One run of an artifact on `inputs`, iterated for its records: its options, the records selected
+    (--include/--exclude: unselected values are never made graph outputs) and its notes, which the capture
+    puts in the bundle's `runtime.notes`. No state on the adapter or the artifact (threads and a sweep's
+    items capture from one artifact)."""
 
-    def __init__(self, artifact: OnnxArtifact, selection: Selection, last_run: dict[str, Any]):
+    def __init__(self, artifact: OnnxArtifact, selection: Selection, last_run: dict[str, Any], inputs: Any = None):
         self.artifact = artifact
         self.selection = selection
         self.last_run = last_run
+        self.inputs = inputs
         self.plan_key: tuple | None = None   # set by `_planned`: what the per-file caches are keyed by
+        self.notes: list[str] = []   # what this run did to the graph, for the bundle's `runtime.notes`
+
+    def __iter__(self) -> Iterator[RuntimeTensor]:
+        return self.run(self.inputs)
 
     def run(self, inputs: Any) -> Iterator[RuntimeTensor]:
         artifact = self.artifact
-        # the notes describe this run: a sweep's worker captures every item from one artifact, and each
-        # bundle said again what every earlier item's run had noted
-        artifact.info.pop("notes", None)
         feeds = graph_feeds(artifact.model, inputs)
         model = self._exposable(artifact.model, feeds)
         sizes, shapes, types, all_plans = self._planned(model, feeds, isinstance(inputs, dict))
@@ -225,7 +233,7 @@ class _OrtRun:
         given when ONNX Runtime refuses the inlined one), and unseeded random ops seeded."""
         from .inline import inline_for_capture, seed_random_ops, topologically_sorted
 
-        key = _file_key(self.artifact.path) if model is self.artifact.model else None
+        key = _file_key(self.artifact) if model is self.artifact.model else None
         if key is not None and key in _READY_AS_IS:
             return model   # this file was found in order, with nothing to inline or seed
         ordered = topologically_sorted(model)
@@ -277,7 +285,9 @@ class _OrtRun:
             self._note(text)
 
     def _note(self, text: str) -> None:
-        self.artifact.info.setdefault("notes", []).append(text)
+        # on the run, not the artifact: a sweep's worker captures every item from one artifact, and each
+        # bundle said again what every earlier item's run had noted
+        self.notes.append(text)
 
     def _run_full(self, model: Any, feeds: dict[str, np.ndarray], plans: list[ValuePlan], sizes: dict[str, int],
                   shapes: dict[str, tuple[int, ...]], types: dict[str, int], budget: int) -> Iterator[RuntimeTensor]:
@@ -314,7 +324,7 @@ class _OrtRun:
         run's scratch memory (a long input's session is built again, in a small share of its run)."""
         key = None
         if self.plan_key is not None and model is self.artifact.model and nbytes <= _SESSION_RUN_BYTES \
-                and _sessions_reusable(model, self.artifact.path):
+                and _sessions_reusable(model, self.artifact):
             from ...logs import is_quiet
 
             key = (self.plan_key, tuple(segments), k, frozenset(wanted), self.artifact.threads, is_quiet())
@@ -384,11 +394,20 @@ _SESSIONS_KEPT = 4                  # a session holds its own copy of the weight
 _SESSION_WEIGHT_BYTES = 32 << 20    # at most 4 x 32 MiB kept
 _SESSION_RUN_BYTES = 64 << 20       # values of a run whose session is kept (its arena holds the run's scratch)
 _REUSABLE: dict[tuple, bool] = {}   # file -> `_sessions_reusable`
+_PER_FILE = (_PLANS, _WEIGHT_FACTS, _READY_AS_IS, _LAST_USE, _REUSABLE, _SESSIONS)   # every cache keyed by file
 
 
-def release_sessions() -> None:
-    """Let go of the ONNX Runtime sessions kept for the next capture of the same file (`_segment_session`)."""
-    _SESSIONS.clear()
+def forget_kept() -> None:
+    """Let go of everything captures kept for the next capture of the same file: the ONNX Runtime sessions
+    (and the weights they hold), the plans, the weights' statistics. A file is known by its path and the
+    (mtime, ctime, size, inode) of it and its external data files; on a filesystem with one-second
+    timestamps, call this after rewriting a file within a second of capturing it.
+
+        >>> from tensorprobe.runtimes.onnxruntime import forget_kept
+        >>> forget_kept()
+    """
+    for cache in _PER_FILE:
+        cache.clear()
 
 
 _FORKED_AWAY: list[dict] = []   # a forked child's copies of its parent's sessions: never run, never destroyed
@@ -404,17 +423,19 @@ def _drop_sessions_in_child() -> None:
 os.register_at_fork(after_in_child=_drop_sessions_in_child)
 
 
-def _sessions_reusable(model: Any, path: Path | None) -> bool:
+def _sessions_reusable(model: Any, artifact: OnnxArtifact) -> bool:
     """Whether a session of this file may serve several captures: it has no random op (a kept session's
-    generator goes on where the last run left it, where a new one starts again from its seed) and weights
-    small enough to keep."""
-    key = _file_key(path)
+    generator goes on where the last run left it, where a new one starts again from its seed; a Dropout with
+    a training-mode input may draw a mask) and weights small enough to keep."""
+    key = _file_key(artifact)
     if key is None:
         return False
     got = _REUSABLE.get(key)
     if got is None:
         weight_bytes = sum(math.prod(i.dims) * _itemsize(i.data_type) for i in model.graph.initializer)
-        got = weight_bytes <= _SESSION_WEIGHT_BYTES and not any(n.op_type in RNG_OPS for n in model.graph.node)
+        got = weight_bytes <= _SESSION_WEIGHT_BYTES and not any(
+            n.op_type in RNG_OPS or (n.op_type == "Dropout" and len(n.input) > 2 and n.input[2])
+            for n in model.graph.node)
         _remember(_REUSABLE, key, got)
     return got
 
@@ -454,15 +475,28 @@ def _remember(cache: dict, key: tuple, value: Any, kept: int = _PLANS_KEPT) -> N
         cache.pop(next(iter(cache)))
 
 
-def _file_key(path: Path | None) -> tuple | None:
-    """The identity of a file's contents as far as its metadata tells (path, mtime, size, inode), or None."""
-    if path is None:
+def _file_key(artifact: OnnxArtifact) -> tuple | None:
+    """The identity of an artifact's file contents as far as their metadata tells, or None: the path, then
+    (mtime, ctime, size, inode) of the file and of each external data file. The ctime moves at every write
+    even where the mtime is put back (`cp -p`, `rsync -t`, `tar x`)."""
+    if artifact.path is None:
         return None
     try:
-        st = os.stat(path)
+        stats = [os.stat(p) for p in (artifact.path, *artifact.data_files)]
     except OSError:
         return None
-    return (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    return (str(artifact.path), *(x for st in stats for x in (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)))
+
+
+def _external_data_files(model: Any, base: Path) -> tuple[Path, ...]:
+    """The files the model's external tensors (initializers, Constant nodes' values) are stored in."""
+    import onnx
+
+    tensors = list(model.graph.initializer) + [a.t for n in model.graph.node for a in n.attribute
+                                               if a.type == onnx.AttributeProto.TENSOR]
+    places = {e.value for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL
+              for e in t.external_data if e.key == "location"}
+    return tuple(base / p for p in sorted(places))
 
 
 def _of_file(cache_key: tuple, file_key: tuple) -> bool:
@@ -479,7 +513,7 @@ def _plan_key(artifact: OnnxArtifact, feeds: dict[str, np.ndarray], by_name: boo
     if artifact.rules is not None or len(source.functions) \
             or any(n.op_type in ("If", "Loop", "Scan") for n in source.graph.node):
         return None
-    key = _file_key(artifact.path)
+    key = _file_key(artifact)
     if key is None:
         return None
     return (*key, by_name, tuple((name, a.shape, a.dtype.str) for name, a in feeds.items()))
