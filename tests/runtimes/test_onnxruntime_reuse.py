@@ -3,6 +3,8 @@ plan of a file, the pre-faulted output buffer, the sessions) must never change w
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,17 @@ def _warm_equals_cold(tmp_path, path, feeds, planned: bool) -> None:
     assert len(differ) > len([r for r in first if r.kind != "param"]) // 4   # stale values would show
 
 
+def _noisy_file(tmp_path, shape: list[int], **seed) -> Path:
+    """x + RandomNormalLike(x) saved as an ONNX file (`seed=...`: a seeded draw)."""
+    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike", **seed),
+             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = tmp_path / "noisy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
 def test_second_capture_of_a_shipped_model_records_what_a_fresh_process_records(tmp_path):
     """Silero VAD's shipped opset-15 file: its If is inlined by the inputs' values, so it is planned each
     time; the output buffer is reused."""
@@ -90,12 +103,7 @@ def test_a_file_rewritten_in_place_is_planned_again(tmp_path):
 def test_a_graph_with_a_seeded_random_op_draws_the_same_numbers_at_every_capture(tmp_path):
     """A kept session's RandomNormalLike goes on drawing where its last run stopped (ORT keeps the generator
     in the kernel); a capture must draw what a new session draws, so such a graph's sessions are not kept."""
-    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike", seed=3.0),
-             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
-    path = tmp_path / "noisy.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    path = _noisy_file(tmp_path, [4, 8], seed=3.0)
     feeds = {"x": np.zeros((4, 8), np.float32)}
     ort = get_runtime("onnxruntime")
     _fresh_process_state()
@@ -123,12 +131,7 @@ def test_sessions_kept_for_a_file_are_not_used_for_it_once_rewritten(tmp_path):
 def test_each_capture_of_a_loaded_file_carries_its_own_run_notes(tmp_path):
     """A sweep's worker captures every item from one loaded file: each bundle says what its run noted (here
     the seed given to an unseeded random op) once, not once for every item captured before it."""
-    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike"),
-             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])])
-    path = tmp_path / "noisy.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    path = _noisy_file(tmp_path, [4, 8])
     ort = get_runtime("onnxruntime")
     loaded = ort.load(path)
     notes = [ort.capture_prepared(loaded, [np.zeros((4, 8), np.float32)], out=tmp_path / f"item{i}",
@@ -260,12 +263,7 @@ def test_a_seeded_dropout_in_training_mode_draws_the_same_mask_at_every_capture(
 def test_threads_capturing_from_one_loaded_file_each_get_their_own_notes(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    nodes = [helper.make_node("RandomNormalLike", ["x"], ["r"], name="noise/RandomNormalLike"),
-             helper.make_node("Add", ["x", "r"], ["y"], name="mix/Add")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 256])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 256])])
-    path = tmp_path / "noisy.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    path = _noisy_file(tmp_path, [64, 256])
     ort = get_runtime("onnxruntime")
     loaded = ort.load(path)
 
