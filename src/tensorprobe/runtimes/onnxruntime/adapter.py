@@ -175,6 +175,7 @@ class _OrtRun:
         self.selection = selection
         self.last_run = last_run
         self.inputs = inputs
+        self.file_key: tuple | None = None   # set by `run`: the file's identity, read once for every cache
         self.plan_key: tuple | None = None   # set by `_planned`: what the per-file caches are keyed by
         self.notes: list[str] = []   # what this run did to the graph, for the bundle's `runtime.notes`
 
@@ -183,6 +184,7 @@ class _OrtRun:
 
     def run(self, inputs: Any) -> Iterator[RuntimeTensor]:
         artifact = self.artifact
+        self.file_key = _file_key(artifact)
         feeds = graph_feeds(artifact.model, inputs)
         model = self._exposable(artifact.model, feeds)
         sizes, shapes, types, all_plans = self._planned(model, feeds, isinstance(inputs, dict))
@@ -209,7 +211,7 @@ class _OrtRun:
         """Sizes, shapes and types of every value (shape inference) and the record plan of the graph;
         remembered for the next capture of the same file with inputs of the same shapes (a sweep's items,
         a rerun): on a small model these passes cost as much as the run itself."""
-        key = self.plan_key = _plan_key(self.artifact, feeds, by_name)
+        key = self.plan_key = _plan_key(self.artifact, self.file_key, feeds, by_name)
         got = _PLANS.get(key) if key is not None else None
         if got is None:
             sizes, shapes, types = estimate_bytes(model, feeds)
@@ -233,7 +235,7 @@ class _OrtRun:
         given when ONNX Runtime refuses the inlined one), and unseeded random ops seeded."""
         from .inline import inline_for_capture, seed_random_ops, topologically_sorted
 
-        key = _file_key(self.artifact) if model is self.artifact.model else None
+        key = self.file_key if model is self.artifact.model else None
         if key is not None and key in _READY_AS_IS:
             return model   # this file was found in order, with nothing to inline or seed
         ordered = topologically_sorted(model)
@@ -324,7 +326,7 @@ class _OrtRun:
         run's scratch memory (a long input's session is built again, in a small share of its run)."""
         key = None
         if self.plan_key is not None and model is self.artifact.model and nbytes <= _SESSION_RUN_BYTES \
-                and _sessions_reusable(model, self.artifact):
+                and _sessions_reusable(model, self.file_key):
             from ...logs import is_quiet
 
             key = (self.plan_key, tuple(segments), k, frozenset(wanted), self.artifact.threads, is_quiet())
@@ -423,13 +425,10 @@ def _drop_sessions_in_child() -> None:
 os.register_at_fork(after_in_child=_drop_sessions_in_child)
 
 
-def _sessions_reusable(model: Any, artifact: OnnxArtifact) -> bool:
+def _sessions_reusable(model: Any, key: tuple) -> bool:
     """Whether a session of this file may serve several captures: it has no random op (a kept session's
     generator goes on where the last run left it, where a new one starts again from its seed; a Dropout with
-    a training-mode input may draw a mask) and weights small enough to keep."""
-    key = _file_key(artifact)
-    if key is None:
-        return False
+    a training-mode input may draw a mask) and weights small enough to keep. `key`: the file's `_file_key`."""
     got = _REUSABLE.get(key)
     if got is None:
         weight_bytes = sum(math.prod(i.dims) * _itemsize(i.data_type) for i in model.graph.initializer)
@@ -506,14 +505,15 @@ def _of_file(cache_key: tuple, file_key: tuple) -> bool:
     return cache_key[:n] == file_key or (isinstance(cache_key[0], tuple) and cache_key[0][:n] == file_key)
 
 
-def _plan_key(artifact: OnnxArtifact, feeds: dict[str, np.ndarray], by_name: bool) -> tuple | None:
-    """What a plan depends on, for a graph that is the same whenever its file is: a file on disk, no
-    mapping rules, and nothing inlined by input value (If/Loop/Scan, functions). None: not remembered."""
+def _plan_key(artifact: OnnxArtifact, key: tuple | None, feeds: dict[str, np.ndarray], by_name: bool
+              ) -> tuple | None:
+    """What a plan depends on, for a graph that is the same whenever its file is (`key`, its `_file_key`):
+    a file on disk, no mapping rules, and nothing inlined by input value (If/Loop/Scan, functions). None:
+    not remembered."""
     source = artifact.model   # (`model` may have had these inlined, by the inputs' values)
     if artifact.rules is not None or len(source.functions) \
             or any(n.op_type in ("If", "Loop", "Scan") for n in source.graph.node):
         return None
-    key = _file_key(artifact)
     if key is None:
         return None
     return (*key, by_name, tuple((name, a.shape, a.dtype.str) for name, a in feeds.items()))
