@@ -17,7 +17,7 @@ an autoregressive decoder's stop token) is run once with its iteration number as
 which counts its iterations on these inputs, and is then unrolled that many times; a note says so.
 
     >>> model, notes = inline_for_capture(onnx.load("vad.onnx"), feeds, run)   # doctest: +SKIP
-    >>> notes
+    >>> notes                                                                      # doctest: +SKIP
     ['inlined 25 If nodes decided by the inputs (3 rounds)']
 """
 
