@@ -51,7 +51,7 @@ def _chromium():
 
 
 def _headless(url, *extra):
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # chromium may still write it
         return subprocess.run(
             [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",

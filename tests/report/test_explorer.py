@@ -197,7 +197,7 @@ def _cdp_screenshot(url: str, shot: Path, wait: float, js: str) -> str:
     import aiohttp
 
     async def run() -> str:
-        with tempfile.TemporaryDirectory() as profile:
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:  # chromium may still write it
             p = subprocess.Popen([shutil.which("chromium"), "--headless", "--no-sandbox", "--use-angle=swiftshader",
                                   "--enable-unsafe-swiftshader", "--disable-background-networking", "--no-first-run",
                                   "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
