@@ -9,6 +9,8 @@ import pytest
 import torch
 from hypothesis import settings
 
+from tests import torch_state
+
 # Property tests run the same examples on every run (CI must not pass or fail by the draw); to explore new ones
 # locally: TENSORPROBE_HYPOTHESIS=explore python -m pytest ...
 settings.register_profile("repeatable", derandomize=True)
@@ -20,6 +22,43 @@ settings.load_profile(os.environ.get("TENSORPROBE_HYPOTHESIS", "repeatable"))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_state():
+    """torch's process-wide state as each test found it (compiler configs, torch.compile as Lightning leaves it,
+    default dtype, deterministic and grad modes, environment variables, tensorprobe's quiet mode), so that no test
+    depends on the order the suite runs in: pytest-randomly shuffles it, and the seed line above the results says
+    how to run one order again."""
+    before = torch_state.save()
+    yield
+    torch_state.restore(before)
+
+
+# what a failure on another machine is read against (CI's log shows them: .ci/run runs the README's command)
+VERSIONS_SHOWN = ("torch", "numpy", "numba", "onnxruntime", "onnx", "executorch", "apache-tvm", "mlx", "lightning",
+                  "transformers", "pytest", "hypothesis")
+
+
+def pytest_collection_finish(session):
+    """The versions of the packages the suite depends on most, and the random order's seed, printed even under -q
+    (pytest-randomly prints its seed only in the header, which -q hides)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    installed = []
+    for name in VERSIONS_SHOWN:
+        try:
+            installed.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            installed.append(f"{name} (not installed)")
+    reporter.write_line("versions: " + ", ".join(installed))
+    if config.pluginmanager.hasplugin("randomly") and config.getoption("randomly_seed", None) is not None:
+        reporter.write_line(f"random order: --randomly-seed={config.getoption('randomly_seed')} "
+                            "runs this order again; -p no:randomly runs the files' order")
 
 
 @pytest.fixture(autouse=True)

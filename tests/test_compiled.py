@@ -311,7 +311,7 @@ def test_kokoro_decoder_compiled_names_equal_eager_and_diff_matches(tmp_path):
 
 
 @pytest.mark.slow
-def test_inductor_capture_and_wrong_decomposition(tmp_path, monkeypatch):
+def test_inductor_capture_and_wrong_decomposition(tmp_path):
     """Inductor itself (C++ codegen): names and values as eager's within noise; a decomposition registered for
     Inductor only that reduces in float16 is found at its module."""
     model, x = _net()
@@ -320,10 +320,6 @@ def test_inductor_capture_and_wrong_decomposition(tmp_path, monkeypatch):
     assert [r.name for r in comp] == [r.name for r in eager]
     assert tp.diff(eager, comp).verdict == "match"
 
-    # Inductor's persistent caches key a compiled graph by the traced graph, not by the decomposition table: a
-    # graph compiled before the wrong decomposition was registered would be served again
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     lib = torch.library.Library("tp_test", "FRAGMENT")
     lib.define("rms(Tensor x) -> Tensor")
     lib.impl("rms", lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5), "CompositeExplicitAutograd")
@@ -341,10 +337,17 @@ def test_inductor_capture_and_wrong_decomposition(tmp_path, monkeypatch):
         def forward(self, t):
             return torch.ops.tp_test.rms(t)
 
+    # Inductor's persistent caches key a compiled graph by the traced graph, not by the decomposition table: a
+    # graph compiled before the wrong decomposition was registered would be served again. (config.patch, not
+    # monkeypatch: pytest 9.2's monkeypatch undoes a config entry by deleting it, which hides it for good.)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
     try:
-        model.blocks[1].act = torch.nn.Sequential(model.blocks[1].act, Rms())
-        eager = tp.capture(model, *x, keep="full", out=tmp_path / "e2")
-        bad = tp.capture(model, *x, keep="full", compile=True, backend="inductor", out=tmp_path / "bad")
+        with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+            model.blocks[1].act = torch.nn.Sequential(model.blocks[1].act, Rms())
+            eager = tp.capture(model, *x, keep="full", out=tmp_path / "e2")
+            bad = tp.capture(model, *x, keep="full", compile=True, backend="inductor", out=tmp_path / "bad")
         report = tp.diff(eager, bad)
         assert report.verdict == "diverged" and report.first_divergence == "blocks.1.act.1"
     finally:
@@ -436,12 +439,17 @@ def test_inductor_op_level_names_each_decomposition_by_the_eager_op(tmp_path):
     assert "blocks.1.act.1/tp_example.rms.0.sum.0" in bad
 
 
-def test_a_weight_normed_model_compiles_after_lightning_patched_torch_compile(tmp_path):
+def test_a_weight_normed_model_compiles_after_lightning_patched_torch_compile(tmp_path, monkeypatch):
     """Lightning Fabric, once imported, wraps torch.compile and deep-copies its keyword arguments: our backend
     (which holds the model) was copied, and a weight-normed model cannot be (the full suite failed so after
     guide-training's Lightning block ran in the same process). The backend is its own copy now."""
     pytest.importorskip("lightning.fabric")
-    import lightning.fabric  # noqa: F401
+    from lightning.fabric.wrappers import _capture_compile_kwargs
+
+    # the wrap happens once, on Lightning's first import; an earlier test's import was undone after that test
+    if not hasattr(torch.compile, "__wrapped__"):
+        monkeypatch.setattr(torch, "compile", _capture_compile_kwargs(torch.compile))
+    assert torch.compile.__code__ is _capture_compile_kwargs(lambda: None).__code__   # Lightning's wrapper runs
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 4, 3)),

@@ -201,12 +201,23 @@ def bisect_compile(model: torch.nn.Module, inputs: Sequence[Any], *, backend: st
         >>> res.stage, res.part, res.detail              # doctest: +SKIP
         ('aot_eager_decomp_partition', 'decomposition', "<OpOverload(op='tp_test.rms', overload='default')>")
     """
+    with _generators_kept():   # every run starts from SEED; the user's generators go on from where they were
+        return _bisect(model, tuple(inputs), backend, mode, inductor_config, region)
+
+
+def _generators_kept() -> contextlib.AbstractContextManager:
+    """torch's CPU generator, and each CUDA device's once CUDA is initialised, as they are now, put back on exit."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else [])
+
+
+def _bisect(model: torch.nn.Module, inputs: tuple, backend: str, mode: str | None,
+            inductor_config: dict[str, Any] | None, region: tuple[str, int, float] | None) -> CompileBisect:
     from torch._inductor import compiler_bisector as cb
 
     if backend not in cb.BACKENDS:
         raise InputError(f"bisect: backend {backend!r} is not one PyTorch's compiler bisector knows "
                          f"({', '.join(cb.BACKENDS)})")
-    inputs = tuple(inputs)
     # the region's module records its inputs in the reference run (bisecting it alone runs it on them)
     with torch.no_grad(), _calls_of(model, region[0] if region and region[0] else None) as calls:
         torch.manual_seed(SEED)
