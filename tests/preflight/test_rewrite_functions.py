@@ -57,7 +57,9 @@ def test_record_random_makes_tvm_accept_the_model_and_agree_with_pytorch():
         adapter.run_module(NoisySource().eval(), (f0,))
     fixed = rewrite(NoisySource(), f0, rules=["record_random"]).model
     out = adapter.run_module(fixed, (f0,))
-    torch.testing.assert_close(torch.as_tensor(out[0]), fixed(f0), rtol=1e-4, atol=1e-5)
+    # the phase is a float32 cumsum of 256 steps up to ~15 rad, which TVM adds in another order: 1.7e-05 to 3.3e-05
+    # apart on outputs of ~1.5 over torch seeds 0-7, where atol=1e-05 failed an element near 0 on one seed
+    torch.testing.assert_close(torch.as_tensor(out[0]), fixed(f0), rtol=1e-4, atol=1e-4)
 
 
 def test_a_rewrite_that_draws_other_noise_is_refused():
