@@ -14,7 +14,7 @@ from typing import Any
 
 from .bundle import Bundle
 from .diff import DiffReport, diff
-from .diff.result import METHOD_STATS, STATUS_FAIL, Criteria, PairResult
+from .diff.result import METHOD_STATS, STATUS_FAIL, TAG_WEIGHT_UNSEEN, Criteria, PairResult
 
 __tracebackhide__ = True  # pytest: show the caller's line, not ours
 
@@ -95,10 +95,12 @@ def failed_criterion(criteria: Criteria, p: PairResult) -> str:
     if criteria.min_corr is not None and not stats and (m.get("pearson") or 1.0) < criteria.min_corr:
         out.append(f"min_corr = {criteria.min_corr:.10g} (the correlation must reach it): correlation "
                    f"{m['pearson']:.6f}")
-    if not out and any(r.startswith("values differ (content fingerprints differ)") for r in p.reasons):
+    weight = p.origin if TAG_WEIGHT_UNSEEN in p.tags else p.name   # a reader failed on the weight it reads
+    if not out and (TAG_WEIGHT_UNSEEN in p.tags or
+                    any(r.startswith("values differ (content fingerprints differ)") for r in p.reasons)):
         # statistics bound no correlation: what fails is a weight's bytes against the reference's
         out.append(f"identical weights (a weight kept as statistics is compared by its content fingerprint): "
-                   f"{p.name}'s fingerprint differs")
+                   f"{weight}'s fingerprint differs")
     return "; ".join(out) if out else "; ".join(p.reasons)
 
 

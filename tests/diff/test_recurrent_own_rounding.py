@@ -65,4 +65,4 @@ def test_gru_faithful_export_with_large_gate_inputs_matches():
     model = GruPitch().eval()
     x = 300.0 * torch.randn(1, 1, 4096)          # gate inputs of rms in the hundreds, as Silero's LSTM reads
     res = tp.compare(model, (x,), "onnxruntime")
-    assert res.diff.verdict == "match", res.diff.summary()
+    assert res.diff.verdict == "match", res.diff.summary

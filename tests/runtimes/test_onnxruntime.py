@@ -99,7 +99,12 @@ def test_segments_over_one_reused_buffer_give_the_same_records_as_full_tensors(t
     for a, b, c in zip(stats, full, whole):
         assert a.stats == b.stats == c.stats, a.name
         np.testing.assert_array_equal(full.numpy(b.name), whole.numpy(c.name), err_msg=b.name)
-        assert compute_stats(full.tensor(b.name)) == b.stats, b.name
+        # torch's backend sums in its own order (and thread count): float figures agree to float64 rounding
+        recomputed, kept = compute_stats(full.tensor(b.name)).to_dict(), b.stats.to_dict()
+        assert recomputed.keys() == kept.keys(), b.name
+        for key, value in kept.items():
+            close = pytest.approx(value, rel=1e-12, abs=1e-300) if isinstance(value, float) else value
+            assert recomputed[key] == close, (b.name, key)
 
 
 def test_shapes_computed_in_the_graph_are_inferred_with_data_propagation():

@@ -30,13 +30,14 @@ from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .compat import rms
 from .explain import HUGE_GAIN, explain, family, predicted_gain
+from .fusion import folded_note, judge_weight_readers
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
 from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL,
-                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_INPUT_UNSEEN,
+                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_FUSED, TAG_INPUT_UNSEEN,
                      TAG_READS_QUANTIZED, Amplifier,
                      CallSeries, Criteria, DiffReport, PairResult)
 
@@ -81,7 +82,9 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
     forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
-    notes = list(notes) + [n for n in (graph_note, integer_domain_note(cand_only, cand_bundle)) if n]
+    forward, weights = judge_weight_readers(forward, weights, ref_records)   # folded, or unseen by statistics
+    notes = list(notes) + [n for n in (graph_note, integer_domain_note(cand_only, cand_bundle),
+                                       folded_note(weights)) if n]
     failing = [p for p in forward if p.failed]
     declared = declared_outputs(getattr(ref_bundle, "manifest", None) or {})   # the graph's output order
     output = model_output(forward, declared)
@@ -627,6 +630,10 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
         return p
     if p.status == STATUS_SHAPE or p.kind == KIND_MODEL_INPUT:
         return replace(p, cause=CAUSE_OWN, origin=p.name)
+    if TAG_FUSED in p.tags:   # its input is the record the port fused it with: no value of the port shows it
+        return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=(
+            "the port computes it in one value with the record before it (fused), so the difference is made in "
+            "one of the two"))
     if p.kind == KIND_RNG:   # noise, unless it draws otherwise than the reference (`draws.py`): the port's
         return replace(p, cause=CAUSE_OWN if is_draw_finding(p) else CAUSE_RANDOM, origin=p.name)
     src = done.get(p.input_name) if p.input_name else None

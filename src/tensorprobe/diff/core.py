@@ -30,6 +30,7 @@ from .align import (Pair, Rule, align, declared_outputs, inconsistent_order_pair
                     parse_rules, same_shape)
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
+from .fusion import fused_successors, held_transposed
 from .layout import REORDER_MIN_ERROR, find_layout
 from .metrics import Sums, accumulate, evaluate
 from .noise import (OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_WORDS, Noise, Precision, dequantized_floor, expected_noise,
@@ -93,9 +94,14 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
         results.append(compare_pair(ref_b, cand_b, pair, criteria, _is_angle(pair, angle_res),
                                     _db_scale(pair.ref.name, db_res), noise=noise.get(pair.ref.name),
                                     not_comparable=inconsistent.get(pair.ref.name), reduced=reduced))
+    # a value the port holds for the reference's next record (an exporter fused the two): paired with that one
+    results = held_transposed(results)       # ... or holds in another layout, which what reads it undoes
+    results, ref_only = fused_successors(results, alignment, lambda pair: compare_pair(
+        ref_b, cand_b, pair, criteria, _is_angle(pair, angle_res), _db_scale(pair.ref.name, db_res),
+        noise=noise.get(pair.ref.name), reduced=reduced))
     return analysis.build_report(
         ref=str(ref_b.path), cand=str(cand_b.path), criteria=criteria, results=results,
-        ref_records=ref_b.records, ref_only=[r.name for r in alignment.ref_only],
+        ref_records=ref_b.records, ref_only=[r.name for r in ref_only],
         cand_only=[c.name for c in alignment.cand_only], notes=[], incomplete=_incomplete(ref_b, cand_b),
         ref_bundle=ref_b, cand_bundle=cand_b, environment_notes=explain_environment(ref_env, cand_env),
         noise=noise, reduced=reduced, compare=compare_pair)

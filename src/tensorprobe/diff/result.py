@@ -26,6 +26,9 @@ METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST, METHOD_STATS = "elementwise", "
 TAG_READS_QUANTIZED = "reads_quantized"
 # an amplifier credited with a gain its input cannot show: that input was made by code no record shows
 TAG_INPUT_UNSEEN = "input_unseen"
+TAG_FUSED = "fused"     # a record the port holds in one value with the one before it (diff.fusion)
+TAG_WEIGHT_UNSEEN = "weight_unseen"   # a reader failed on a weight its statistics cannot show (diff.fusion)
+TAG_FOLDED = "folded"   # a weight that differs while what its reader computes agrees (diff.fusion): a note
 MATCH_SUGGESTED = "rule (suggested)"   # a weight paired by the rename rules diff offers, not by the user
 
 VERDICT_MATCH = "match"
@@ -336,6 +339,8 @@ class DiffReport:
         port judged by its outputs (`by_int8_outputs`: `judged_by_int8_outputs`)."""
         if not p.failed or "unread" in p.tags:    # flipped indices no recorded op reads (diff.analysis)
             return False
+        if TAG_FOLDED in p.tags:    # a weight that differs while what reads it agrees (diff.fusion)
+            return False
         if p.cause in ("quantized", "inherited", "amplified") and by_int8_outputs:
             return False
         return p.cause != "random" or p.name in self.outputs or p.name == self.output
@@ -362,7 +367,8 @@ class DiffReport:
 
     @property
     def weights_differ(self) -> tuple[PairResult, ...]:
-        return tuple(p for p in self.weights if p.failed)
+        """Weights that differ, but those the port folded (what reads them agrees: diff.fusion)."""
+        return tuple(p for p in self.weights if p.failed and TAG_FOLDED not in p.tags)
 
     @property
     def strongest_amplifier(self) -> Amplifier | None:

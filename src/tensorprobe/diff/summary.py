@@ -17,7 +17,7 @@ from .evidence import CAND_ONLY, FED_OTHERWISE, NOT_COMPARED, UNPAIRED, made_in
 from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
-from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_INPUT_UNSEEN,
+from .result import (TAG_FOLDED, MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_INPUT_UNSEEN,
                      TAG_READS_QUANTIZED,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
 
@@ -97,6 +97,9 @@ def _weight_counts(r: DiffReport, identical: int) -> str:
         if not _dequantized(p) and p.cand_dtype != p.dtype:
             converted[p.cand_dtype] = converted.get(p.cand_dtype, 0) + 1
     plain = len(stats) - len(deq) - sum(converted.values())
+    folded = sum(1 for p in r.weights if p.failed and TAG_FOLDED in p.tags)
+    if folded:
+        parts.append(f"{folded:,} folded by the port: they differ, what reads them agrees")
     if deq:
         parts.append(f"{len(deq):,} dequantized from integers, within a quantisation step as far as statistics tell")
     parts += [f"{n:,} converted to {dtype}, within its rounding as far as statistics tell"

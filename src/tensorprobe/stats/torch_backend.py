@@ -145,7 +145,14 @@ def _channel_analysis(finite: torch.Tensor, channel_dim: int | None) -> dict[str
     }
 
 
+# unsigned integers wider than a byte: torch has no min/max kernels for them (an ONNX model's uint16 output
+# failed its capture with '"aminmax_cpu" not implemented for UInt16'); their values fit in int64 (uint64 up to 2^63)
+_NO_MINMAX = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
+
+
 def _int_stats(x: torch.Tensor) -> TensorStats:
+    if x.dtype in _NO_MINMAX:
+        x = x.to(torch.int64)
     mn, mx = torch.aminmax(x)
     xd = x.double()
     var, mean = torch.var_mean(xd, correction=0)

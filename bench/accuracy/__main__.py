@@ -1,0 +1,91 @@
+"""python -m bench.accuracy: run the accuracy benchmark.
+
+    python -m bench.accuracy --quick                 # the seeded slice the test suite runs (prints the scores)
+    python -m bench.accuracy --full                  # >= 3,000 cases: bench/results/accuracy.json, docs/accuracy.md
+    python -m bench.accuracy --case ID [--case ID]   # one case, with the verdict's whole summary
+
+Exit status: 0 when every target holds, 1 when one does not (each is printed), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .cases import Case, generate
+from .run import run_population
+from .report import failed_targets, markdown, misses, score
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = {"count": 200, "seed": 0, "ports": ("torch", "fp16", "bf16", "onnx-legacy", "aot_eager")}
+FULL = {"count": 3000, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "aot_eager")}
+
+
+def _machine() -> dict:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _results import machine
+
+    return machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.splitlines()[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--quick", action="store_true", help="the seeded slice of the test suite")
+    what.add_argument("--full", action="store_true", help="the full run: writes the JSON and docs/accuracy.md")
+    what.add_argument("--case", action="append", help="run one case by id (repeatable)")
+    parser.add_argument("--count", type=int, help="how many cases to draw (default: 200 quick, 3000 full)")
+    parser.add_argument("--seed", type=int, help="the population's seed")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    parser.add_argument("--json", type=Path, help="where the full run writes its JSON "
+                                                  "(default bench/results/accuracy.json)")
+    args = parser.parse_args(argv)
+
+    if args.case:
+        try:
+            cases = [Case.from_id(i) for i in args.case]
+        except ValueError as exc:
+            parser.error(str(exc))
+        for outcome in run_population(cases, jobs=1):
+            print(json.dumps(outcome, indent=1, default=str))
+        return 0
+
+    plan = dict(QUICK if args.quick else FULL)
+    if args.count:
+        plan["count"] = args.count
+    if args.seed is not None:
+        plan["seed"] = args.seed
+    cases = generate(plan["count"], plan["seed"], ports=plan["ports"])
+    started = time.perf_counter()
+    outcomes = run_population(cases, args.jobs)
+    seconds = time.perf_counter() - started
+    total = score(outcomes)
+    print(json.dumps({k: v for k, v in total.items()}, default=str))
+    for m in misses(outcomes):
+        print(f"  {m['id']}: {m['what']}")
+    if args.full:
+        doc = {"date": datetime.date.today().isoformat(), "seed": plan["seed"], "seconds": seconds,
+               "machine": _machine(), "score": total, "outcomes": outcomes}
+        path = args.json or ROOT / "bench" / "results" / "accuracy.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=0, default=str))
+        tmp.replace(path)
+        page = ROOT / "docs" / "accuracy.md"
+        page.with_suffix(".tmp").write_text(markdown(doc))
+        page.with_suffix(".tmp").replace(page)
+        print(f"wrote {path} and {page}")
+    failed = failed_targets(outcomes)
+    for line in failed:
+        print(f"target missed: {line}")
+    print(f"{len(outcomes)} cases in {seconds:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""What exporters fold and fuse, told apart from bugs.
+
+A faithful export folds an eval-mode BatchNorm into the convolution before it: the port has one value where
+the reference has two (the convolution's and the norm's), and the convolution's weights hold the folded values.
+Two things follow, and both were false alarms on one of the most common audio blocks:
+
+- `fused_successors`: the port's value named after the convolution holds what the reference's *next* record
+  (the norm) computes. When that next record has no candidate of its own and the value matches it, the pair is
+  re-made with it, and the convolution's own pair is not comparable ("fused").
+- `judge_weight_readers`: a weight that differs is judged by the module that reads it. Its reader agrees,
+  compared value by value (or the port has no value of the reader's own and what follows agrees): the weight
+  was folded or re-packed by the port, a note (`TAG_FOLDED`), not a divergence. Its reader was compared by
+  statistics only, which show nothing (a permutation or a kernel reversed in time keeps every statistic): the
+  reader is where the port's bug shows (`TAG_WEIGHT_UNSEEN`, cause `weights`). Its reader's error stands far
+  above what its input brings, yet inside a wide noise floor (a bfloat16 port's): the reader fails on the weight.
+
+    >>> from tensorprobe.diff.result import TAG_FOLDED
+    >>> report = diff("ref", "onnx")                                      # doctest: +SKIP
+    >>> [w.name for w in report.weights if TAG_FOLDED in w.tags]          # doctest: +SKIP
+    ['blocks.0.0.weight', 'blocks.0.0.bias']
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Sequence
+
+from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, WEIGHT_KINDS, Record
+from .align import Alignment, Pair
+from .layout import TAG_LAYOUT
+from .noise import CAUSE_WEIGHTS, OWN_MARGIN
+from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
+                     TAG_FUSED, TAG_WEIGHT_UNSEEN, PairResult)
+
+# a reader whose error exceeds its input's by this much shows its weight's difference, whatever the floor says
+READER_MARGIN = OWN_MARGIN * 4
+READER_MIN_ERROR = 1e-4             # ... and is no longer float32 rounding
+# a value this many times closer to the reference's next record than to its own name's holds the next one
+FUSED_CLOSER = 10
+
+
+def fused_successors(results: list[PairResult], alignment: Alignment,
+                     compare: Callable[[Pair], PairResult]) -> tuple[list[PairResult], list[Record]]:
+    """Re-pair each failing value that holds what the reference's next record computes, when that next record
+    has no candidate of its own (an exporter fused the two); returns the results and what stays reference-only."""
+    ref_only = {r.name: r for r in alignment.ref_only}
+    if not ref_only:
+        return results, list(alignment.ref_only)
+    forward = sorted((p.ref for p in alignment.pairs if p.ref.kind not in WEIGHT_KINDS),
+                     key=lambda r: r.order)
+    forward = sorted(forward + [r for r in alignment.ref_only if r.kind not in WEIGHT_KINDS], key=lambda r: r.order)
+    following = {a.name: b for a, b in zip(forward, forward[1:])}
+    cand_of = {p.ref.name: p for p in alignment.pairs}
+    out = []
+    for p in results:
+        nxt = following.get(p.name)
+        pair = cand_of.get(p.name)
+        if not p.failed or p.kind in (*WEIGHT_KINDS, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT) or nxt is None \
+                or nxt.name not in ref_only or pair is None or tuple(nxt.shape) != tuple(pair.cand.shape):
+            out.append(p)
+            continue
+        moved = compare(Pair(nxt, pair.cand, pair.method))
+        closer = moved.passed or (moved.rel_err is not None and p.rel_err is not None
+                                  and moved.rel_err * FUSED_CLOSER < p.rel_err)
+        if not moved.compared or not closer:
+            out.append(p)
+            continue
+        holds = "holds what" if moved.passed else "is far closer to what"
+        out.append(replace(p, status=STATUS_NOT_COMPARABLE, method=None, metrics={}, tags=p.tags + (TAG_FUSED,), reasons=(
+            f"the port has no value of its own: {p.cand_name} {holds} {nxt.name} computes after it, so the port "
+            f"fused the two (an exporter folds an eval-mode norm into the convolution before it)",)))
+        out.append(replace(moved, tags=moved.tags + (TAG_FUSED,)))
+        del ref_only[nxt.name]
+    return sorted(out, key=lambda q: q.order), list(ref_only.values())
+
+
+def held_transposed(results: list[PairResult]) -> list[PairResult]:
+    """A value the port holds transposed, every value right, is not a divergence by itself: an exporter moves a
+    module's trailing `transpose` into what reads it (torch.onnx folds a front end's `transpose(1, 2)` into the
+    LSTM's own input Transpose), so the module's value never exists in the reference's layout. What reads it
+    decides. A model output is the exception: the caller reads it as it is."""
+    out = []
+    for p in results:
+        if p.status == STATUS_SHAPE and f"{TAG_LAYOUT}transposed" in p.tags and p.kind != KIND_MODEL_OUTPUT:
+            p = replace(p, status=STATUS_NOT_COMPARABLE, method=None, metrics={}, reasons=p.reasons + (
+                "the port holds it transposed (an exporter moves a trailing transpose into what reads it): what "
+                "is computed from it decides",))
+        out.append(p)
+    return out
+
+
+def readers_of(weights: Sequence[PairResult], ref_records: Sequence[Record]) -> dict[str, list[str]]:
+    """module path -> the weights it reads: a weight's own module, or the nearest enclosing module with forward
+    records of its own (MultiheadAttention reads out_proj.weight without calling out_proj; at op level a
+    module's records are its ops)."""
+    ran = {r.module for r in ref_records if r.kind not in (*WEIGHT_KINDS, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)}
+    out: dict[str, list[str]] = {}
+    for w in weights:
+        owner = w.module
+        while owner and owner not in ran:
+            owner = owner.rsplit(".", 1)[0] if "." in owner else ""
+        out.setdefault(owner, []).append(w.name)
+    return out
+
+
+def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
+                         ref_records: Sequence[Record]) -> tuple[list[PairResult], list[PairResult]]:
+    """Judge each weight that differs by the module that reads it (`readers_of`); returns the forward pairs
+    and the weights, re-judged."""
+    differ = {w.name: w for w in weights if w.failed}
+    if not differ:
+        return forward, weights
+    readers = readers_of(list(differ.values()), ref_records)
+    order_of = {r.name: r.order for r in ref_records}
+    folded: dict[str, str] = {}
+    failed_on: dict[str, PairResult] = {}
+    for module, names in readers.items():
+        ws = [differ[n] for n in names if n in differ]
+        if not ws:
+            continue
+        own = [p for p in forward if p.module == module and p.kind not in (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)]
+        if any(p.failed for p in own):
+            continue    # the reader diverges: the weight is the cause already
+        compared = [p for p in own if p.compared]
+        if compared and all(p.status == STATUS_NOT_PROVEN or p.method == METHOD_STATS for p in compared):
+            failed_on[compared[0].name] = _failed_on(compared[0], ws, (
+                "its statistics show no difference, but a weight it reads differs"
+                + (" while every statistic of that weight is the same (a permutation or a kernel reversed in time "
+                   "keeps them): --keep full compares the values" if _same_statistics(ws[0]) else
+                   ": statistics bound its error from below only (--keep full compares the values)")))
+            continue
+        if compared:
+            before = _input_error(compared[0], forward, {w.name for w in weights})
+            worst = max(compared, key=lambda p: p.rel_err or 0.0)
+            if worst.rel_err is not None and before is not None and worst.rel_err > READER_MARGIN * before \
+                    and worst.rel_err > READER_MIN_ERROR:
+                floor = f" (within the port's noise floor {worst.floor:.2g}, but not rounding)" if worst.floor else ""
+                failed_on[worst.name] = _failed_on(worst, ws, (
+                    f"relative error {worst.rel_err:.3g} where what comes before it differs by {before:.2g}{floor}"))
+                continue
+            for w in ws:
+                folded[w.name] = f"{module} computes from it what the reference computes (compared value by value)"
+            continue
+        start = min((order_of[r.name] for r in ref_records if r.module == module and r.name in order_of
+                     and r.kind not in WEIGHT_KINDS), default=None)
+        after = next((p for p in forward if start is not None and p.order > start and p.compared), None)
+        if after is not None and after.passed:    # statistics too: a folded weight is what exporters do
+            how = " as far as its statistics tell" if after.method == METHOD_STATS else ""
+            for w in ws:
+                folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
+                                  f"agrees{how}: the port folded it into what follows")
+    if not folded and not failed_on:
+        return forward, weights
+    forward = [failed_on.get(p.name, p) for p in forward]
+    weights = [replace(w, tags=w.tags + (TAG_FOLDED,), reasons=w.reasons + (folded[w.name],))
+               if w.name in folded else w for w in weights]
+    return forward, weights
+
+
+def _failed_on(p: PairResult, ws: list[PairResult], why: str) -> PairResult:
+    return replace(p, status=STATUS_FAIL, cause=CAUSE_WEIGHTS, origin=ws[0].name,
+                   tags=p.tags + (TAG_WEIGHT_UNSEEN,), reasons=p.reasons + (why,))
+
+
+def _same_statistics(w: PairResult) -> bool:
+    """A weight whose content fingerprint differs while its statistics agree (diff's words for it)."""
+    return any("every statistic is identical" in r for r in w.reasons)
+
+
+def _input_error(p: PairResult, forward: Sequence[PairResult], weights: set[str]) -> float | None:
+    """What `p`'s data input brings: its measured input error when that input is not a weight, else the error
+    of the last record compared value by value before it (a module-level record names no data input)."""
+    if p.input_rel_err is not None and p.input_name not in weights:
+        return p.input_rel_err
+    before = [q for q in forward if q.order < p.order and q.compared and q.rel_err is not None
+              and q.method != METHOD_STATS and not q.module.startswith(p.module + ".")]
+    return before[-1].rel_err if before else None
+
+
+def folded_note(weights: Sequence[PairResult]) -> str | None:
+    """The sentence that says which weights the port folded (they differ; what reads them agrees)."""
+    folded = [w for w in weights if TAG_FOLDED in w.tags]
+    if not folded:
+        return None
+    more = f", and {len(folded) - 1} more" if len(folded) > 1 else ""
+    err = f" (relative error {folded[0].rel_err:.2g})" if folded[0].rel_err is not None else ""
+    return (f"Weights the port folded or re-packed: {folded[0].name}{err}{more} differ, but what is computed "
+            "from them agrees (an exporter folds an eval-mode norm into the convolution before it): a note, "
+            "not a divergence")

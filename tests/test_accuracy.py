@@ -1,0 +1,69 @@
+"""The accuracy benchmark's quick slice (bench/accuracy, docs/accuracy.md): ~300 seeded truth-known cases, faithful
+ports and one planted bug each, over every architecture family × port (PyTorch, float16, bfloat16, ONNX Runtime
+through the legacy exporter, aot_eager) × capture level, run as a user runs them. No faithful port may be called
+diverged, and the first divergence and its cause must stay right as often as they are now (the issue's targets,
+98% and 90%, are in docs/accuracy.md with every miss listed; these floors only rise)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.accuracy.__main__ import QUICK
+from bench.accuracy.cases import Case, generate
+from bench.accuracy.report import misses, score
+from bench.accuracy.run import run_case, run_population
+
+LOCALIZED_FLOOR = 0.93
+CAUSE_FLOOR = 0.90
+
+
+@pytest.fixture(scope="module")
+def quick():
+    pytest.importorskip("onnxruntime")
+    cases = generate(QUICK["count"], QUICK["seed"], ports=QUICK["ports"])
+    return cases, run_population(cases, jobs=min(2, os.cpu_count() or 1), progress=False)
+
+
+def test_the_quick_slice_is_at_least_200_cases_over_every_cell(quick):
+    cases, _ = quick
+    assert len(cases) >= 200
+    assert {c.port for c in cases} == set(QUICK["ports"]) and len({c.cell for c in cases}) >= 150
+    assert sum(c.bug is None for c in cases) >= 100 and sum(c.bug is not None for c in cases) >= 100
+
+
+def test_no_false_alarm_on_a_faithful_port_and_every_case_runs(quick):
+    _, outcomes = quick
+    total = score(outcomes)
+    wrong = [m for m in misses(outcomes) if m["what"].startswith(("false alarm", "failed to run"))]
+    assert total["false_alarms"] == 0 and total["errors"] == 0, wrong
+
+
+def test_the_first_divergence_and_its_cause_are_right_as_often_as_measured(quick):
+    _, outcomes = quick
+    total = score(outcomes)
+    assert total["planted"] >= 100 and total["detected"] == 1.0, misses(outcomes)
+    assert total["localized"] >= LOCALIZED_FLOOR, misses(outcomes)
+    assert total["cause_right"] >= CAUSE_FLOOR, misses(outcomes)
+
+
+@pytest.mark.parametrize("case_id, first", [
+    # an exporter folds the eval-mode BatchNorm into the conv before it: the conv's value holds the norm's
+    ("convnorm-batch-affine-gelu/onnx-legacy/module-stats/faithful/s666", None),
+    # ... and the dynamo exporter keeps the conv's weight names with the folded values
+    ("convnorm-batch-affine-gelu/onnx/module-stats/faithful/s666", None),
+    # the same port with the norm's eps changed: named at the norm the port fused
+    ("convnorm-batch-affine-gelu/onnx-legacy/module-full/eps@blocks.0.1/s9954", "blocks.0.1"),
+    # two output channels swapped: statistics cannot see it, the weight's fingerprint can: named at its reader
+    ("convnorm-instance-affine-gelu/torch/module-stats/permute_out@post/s4242", "post"),
+    # a bias dropped in a bfloat16 port, inside its wide noise floor but far above what comes before it
+    ("attention/bf16/module-full/drop_bias@ff.0/s9802", "ff.0"),
+])
+def test_the_repros_of_exporter_folding_and_unseen_weights(case_id, first):
+    pytest.importorskip("onnxruntime")
+    outcome = run_case(Case.from_id(case_id))
+    if first is None:
+        assert outcome["verdict"] == "match", outcome["summary"]
+    else:
+        assert outcome["first_divergence"] == first and outcome["cause_right"], outcome["summary"]
