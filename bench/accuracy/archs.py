@@ -223,7 +223,7 @@ class DictNet(nn.Module):
 
 # ---- the registry ------------------------------------------------------------------------------------------
 WEIGHT_BUGS = ("scale_weight", "permute_out", "drop_bias")
-CONV_BUGS = WEIGHT_BUGS + ("flip_kernel", "late_clamp")
+CONV_BUGS = WEIGHT_BUGS + ("flip_kernel", "late_frames")
 LINEAR_BUGS = WEIGHT_BUGS
 
 
@@ -254,9 +254,9 @@ def hifi(act: str) -> Callable[[int], Built]:
     def build(seed: int) -> Built:
         torch.manual_seed(seed)
         model = HifiLike(act).eval()
-        sites = {"pre": ("scale_weight", "drop_bias", "late_clamp"), "up": ("scale_weight", "drop_bias", "late_clamp"),
+        sites = {"pre": ("scale_weight", "drop_bias", "late_frames"), "up": ("scale_weight", "drop_bias", "late_frames"),
                  "res.convs.0": ("scale_weight", "drop_bias", "flip_kernel"), "res.convs.1": ("scale_weight",),
-                 "post": ("scale_weight", "late_clamp"), "res": ("fp16_module",)}
+                 "post": ("scale_weight", "late_frames"), "res": ("fp16_module",)}
         if act == "snake":
             sites["res.acts.0"] = ("scale_weight",)
         return Built(model, (torch.randn(1, 16, 32, generator=_gen(seed)),), sites)

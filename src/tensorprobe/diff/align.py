@@ -417,6 +417,10 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
     can only be the ReLU or clip the quantizer folded into it (a uint8 zero point at 0 clamps)."""
     left: dict[tuple[str, int], list[tuple[Record, tuple]]] = {}
     ref_of = {c.name: r for r, (c, _) in matched.items() if c.kind not in WEIGHT_KINDS}
+    # weights paired by name say where a value comes from too: an instance norm's weight and bias, each repeated
+    # (aten) or passed through an Identity (torch.onnx), paired crosswise by order ("relative error 1")
+    sources_of = {**{c.name: r for r, (c, how) in matched.items() if c.kind in WEIGHT_KINDS and how == MATCH_NAME},
+                  **ref_of}
     partial = _partial_rescales(cands)
     copies = _copies(graph or {})
     for c in cands:
@@ -431,10 +435,10 @@ def _match_order(refs: list[Record], cands: list[Record], rules: Sequence[Rule],
         r_class = _pairing_class(r)
         for i, (c, c_class) in enumerate(queue):
             if same_shape(r.shape, c.shape) and _classes_agree(r_class, c_class) and kinds_agree(r, c) \
-                    and _same_op_or_copy(r, c, copies.get(c.name), used) and _same_sources(r, c, ref_of, graph) \
+                    and _same_op_or_copy(r, c, copies.get(c.name), used) and _same_sources(r, c, sources_of, graph) \
                     and not _view_of_its_input(r, c, ref_of):
                 matched[r.name] = (c, MATCH_ORDER)
-                ref_of[c.name] = r.name
+                ref_of[c.name] = sources_of[c.name] = r.name
                 used.add(c.name)
                 del queue[: i + 1]  # keep order: later refs only pair with later cands
                 break
@@ -527,11 +531,16 @@ def _same_op_or_unknown(r: Record, c: Record) -> bool:
         return True
     if any(r_base in group and c_base in group for group in _OTHER_VALUES_IN_FAMILY):
         return False
+    if (r_base in _SPLITS) != (c_base in _SPLITS):   # one output of many, never an arithmetic op's one
+        return False
     return family(r_op) == family(c_op)   # two unknown families ("other") may still be one op
 
 
 # ops of one family whose values differ: torch.onnx's legacy exporter writes log10 as ONNX Log then a Div by ln 10,
 # and aten's log10 paired with that Log read "relative error 1.3" (ln 10 - 1) on a faithful log-mel front end
+# ops that cut a tensor into parts: a flow's chunk of its input paired by order with ONNX's Mul after it
+_SPLITS = frozenset({"split", "split_with_sizes", "chunk", "unbind", "unsafe_split", "unsafe_split_with_sizes",
+                     "tensor_split"})
 _OTHER_VALUES_IN_FAMILY = (frozenset({"log", "log2", "log10", "log1p"}), frozenset({"exp", "exp2", "expm1"}))
 
 
