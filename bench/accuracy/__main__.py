@@ -3,6 +3,7 @@
     python -m bench.accuracy --quick                 # the seeded slice the test suite runs (prints the scores)
     python -m bench.accuracy --full                  # >= 3,000 cases: bench/results/accuracy.json, docs/accuracy.md
     python -m bench.accuracy --case ID [--case ID]   # one case, with the verdict's whole summary
+    python -m bench.accuracy --page bench/results/accuracy.json   # docs/accuracy.md again from a run's JSON
 
 Exit status: 0 when every target holds, 1 when one does not (each is printed), 2 on bad arguments.
 """
@@ -33,12 +34,26 @@ def _machine() -> dict:
     return machine()
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _write_page(doc: dict) -> None:
+    page = ROOT / "docs" / "accuracy.md"
+    _atomic_write(page, markdown(doc))
+    print(f"wrote {page}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.accuracy", description=__doc__.splitlines()[0])
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--quick", action="store_true", help="the seeded slice of the test suite")
     what.add_argument("--full", action="store_true", help="the full run: writes the JSON and docs/accuracy.md")
     what.add_argument("--case", action="append", help="run one case by id (repeatable)")
+    what.add_argument("--page", type=Path, metavar="JSON", help="write docs/accuracy.md again from a full run's JSON")
     parser.add_argument("--count", type=int, help="how many cases to draw (default: 200 quick, 3000 full)")
     parser.add_argument("--seed", type=int, help="the population's seed")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -46,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   "(default bench/results/accuracy.json)")
     args = parser.parse_args(argv)
 
+    if args.page:
+        _write_page(json.loads(args.page.read_text()))
+        return 0
     if args.case:
         try:
             cases = [Case.from_id(i) for i in args.case]
@@ -69,17 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     for m in misses(outcomes):
         print(f"  {m['id']}: {m['what']}")
     if args.full:
+        wrong = {m["id"] for m in misses(outcomes)}
+        kept = [{k: v for k, v in o.items() if k not in ("summary", "traceback") or o["id"] in wrong}
+                for o in outcomes]   # the first sentence of a verdict is kept where it was wrong
         doc = {"date": datetime.date.today().isoformat(), "seed": plan["seed"], "seconds": seconds,
-               "machine": _machine(), "score": total, "outcomes": outcomes}
+               "machine": _machine(), "score": total, "outcomes": kept}
         path = args.json or ROOT / "bench" / "results" / "accuracy.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=0, default=str))
-        tmp.replace(path)
-        page = ROOT / "docs" / "accuracy.md"
-        page.with_suffix(".tmp").write_text(markdown(doc))
-        page.with_suffix(".tmp").replace(page)
-        print(f"wrote {path} and {page}")
+        _atomic_write(path, json.dumps(doc, indent=0, default=str))
+        _write_page(doc)
+        print(f"wrote {path}")
     failed = failed_targets(outcomes)
     for line in failed:
         print(f"target missed: {line}")

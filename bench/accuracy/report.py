@@ -62,6 +62,31 @@ def misses(outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def miss_kinds(outcomes: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[set[str], int]]:
+    """(port, what was wrong in general words) -> the bugs it happened on and how many cases."""
+    out: dict[tuple[str, str], tuple[set[str], int]] = {}
+    for o in outcomes:
+        if "error" in o:
+            kind = "failed to run"
+        elif o.get("void"):
+            continue
+        elif o["bug"] is None:
+            if not o["false_alarm"]:
+                continue
+            kind = "false alarm"
+        elif not o["detected"]:
+            kind = "missed"
+        elif not o["localized"]:
+            kind = "first divergence elsewhere"
+        elif not o["cause_right"]:
+            kind = f"cause {o['cause']}"
+        else:
+            continue
+        bugs, n = out.get((o["cell"][1], kind), (set(), 0))
+        out[o["cell"][1], kind] = (bugs | {o["bug"] or "faithful"}, n + 1)
+    return out
+
+
 def failed_targets(outcomes: list[dict[str, Any]], per_cell_min: int = 10) -> list[str]:
     """The targets a population misses, in words (cells with fewer than `per_cell_min` planted cases are too
     small to hold to the per-cell target)."""
@@ -104,8 +129,10 @@ def markdown(doc: dict[str, Any]) -> str:
         "into a batch-first LSTM or GRU, masked attention, a log-mel front end in dB, a flow with exp, noise from",
         "randn_like, a model that takes and returns dicts), with seeded weights and inputs, and a port made by the",
         "usual tool: the model run in PyTorch as is (`torch`), cast to float16 or bfloat16, compiled by aot_eager, or",
-        "exported by torch.onnx's dynamo or legacy exporter and run in ONNX Runtime (`tensorprobe compare",
-        "--artifact`). The candidate is either the same model (faithful: any finding is a false alarm) or a second",
+        "exported by torch.onnx's dynamo or legacy exporter and run in ONNX Runtime; both sides are captured and",
+        "diffed as a user does (`tensorprobe capture` of each, `tensorprobe diff`; a model with random draws goes",
+        "through `compare --replay-rng`). The candidate is either the same model (faithful: any finding is a false",
+        "alarm) or a second",
         "build with one bug planted in one module (`bench/accuracy/bugs.py`: a weight scaled, two output channels",
         "swapped, a bias dropped, a kernel reversed in time, a square weight transposed, a norm's epsilon changed, GELU",
         "approximated, a one-pass variance in float16, one module computed in float16, frames from 20 on scaled, an",
@@ -140,6 +167,10 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {' | '.join(cell)} | {s['faithful']} | {s['false_alarms']} | {s['planted']} | "
                      f"{_pct(s['localized'])} | {_pct(s['cause_right'])} | {s['errors']} |")
     wrong = misses(outcomes)
+    lines += ["", "## Wrong verdicts by port and kind", "",
+              "| port | what was wrong | bugs | cases |", "|---|---|---|---|"]
+    for (port, kind), (bugs, n) in sorted(miss_kinds(outcomes).items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {port} | {kind} | {', '.join(sorted(bugs))} | {n} |")
     lines += ["", f"## Wrong verdicts ({len(wrong)})", "",
               "Each reproduces with `python -m bench.accuracy --case ID`.", ""]
     lines += [f"- `{m['id']}`: {m['what']}" for m in wrong]
