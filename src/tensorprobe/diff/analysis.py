@@ -30,7 +30,7 @@ from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .compat import rms
 from .explain import HUGE_GAIN, explain, family, predicted_gain
-from .fusion import folded_note, judge_weight_readers
+from .fusion import folded_note, judge_weight_readers, readers_of
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
@@ -340,14 +340,7 @@ def _inside_calls(results: Sequence[PairResult]) -> tuple[dict[str, list[str]], 
 def _module_weights(weights: Sequence[PairResult], ref_records: Sequence[Record]) -> dict[str, list[str]]:
     """module path -> the weights a module-level record reads: its own, and those of descendants that never
     ran as modules (MultiheadAttention reads out_proj.weight without calling out_proj)."""
-    ran = {r.module for r in ref_records if r.op.startswith("module:")}
-    out: dict[str, list[str]] = {}
-    for w in weights:
-        owner = w.module
-        while owner and owner not in ran:      # climb to the nearest module that has records of its own
-            owner = owner.rsplit(".", 1)[0] if "." in owner else ""
-        out.setdefault(w.module if w.module in ran else owner, []).append(w.name)
-    return out
+    return readers_of(weights, {r.module for r in ref_records if r.op.startswith("module:")})
 
 
 def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: dict[str, Record],

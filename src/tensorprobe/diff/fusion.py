@@ -46,9 +46,8 @@ def fused_successors(results: list[PairResult], alignment: Alignment,
     ref_only = {r.name: r for r in alignment.ref_only}
     if not ref_only:
         return results, list(alignment.ref_only)
-    forward = sorted((p.ref for p in alignment.pairs if p.ref.kind not in WEIGHT_KINDS),
-                     key=lambda r: r.order)
-    forward = sorted(forward + [r for r in alignment.ref_only if r.kind not in WEIGHT_KINDS], key=lambda r: r.order)
+    forward = sorted((r for r in [p.ref for p in alignment.pairs] + list(alignment.ref_only)
+                      if r.kind not in WEIGHT_KINDS), key=lambda r: r.order)
     following = {a.name: b for a, b in zip(forward, forward[1:])}
     cand_of = {p.ref.name: p for p in alignment.pairs}
     out = []
@@ -89,11 +88,9 @@ def held_transposed(results: list[PairResult]) -> list[PairResult]:
     return out
 
 
-def readers_of(weights: Sequence[PairResult], ref_records: Sequence[Record]) -> dict[str, list[str]]:
-    """module path -> the weights it reads: a weight's own module, or the nearest enclosing module with forward
-    records of its own (MultiheadAttention reads out_proj.weight without calling out_proj; at op level a
-    module's records are its ops)."""
-    ran = {r.module for r in ref_records if r.kind not in (*WEIGHT_KINDS, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)}
+def readers_of(weights: Sequence[PairResult], ran: set[str]) -> dict[str, list[str]]:
+    """module path -> the weights it reads: a weight's own module when it has records (`ran`), else the nearest
+    enclosing module that has (MultiheadAttention reads out_proj.weight without calling out_proj)."""
     out: dict[str, list[str]] = {}
     for w in weights:
         owner = w.module
@@ -110,7 +107,9 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
     differ = {w.name: w for w in weights if w.failed}
     if not differ:
         return forward, weights
-    readers = readers_of(list(differ.values()), ref_records)
+    # at op level a module's records are its ops: any forward record makes a module a reader
+    readers = readers_of(list(differ.values()), {r.module for r in ref_records if r.kind not in (
+        *WEIGHT_KINDS, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)})
     order_of = {r.name: r.order for r in ref_records}
     folded: dict[str, str] = {}
     failed_on: dict[str, PairResult] = {}
