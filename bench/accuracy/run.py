@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 import tensorprobe as tp
+from tensorprobe.diff.result import TAG_PORT_OP
 from tensorprobe.record import parse_name
 
 from .archs import ARCHS, Built
@@ -145,7 +146,9 @@ def judge(case: Case, report: Any) -> dict[str, Any]:
     if case.bug is None:
         out["false_alarm"] = verdict == "diverged"
         return out
-    module = _module(first) if first else None
+    # the first compared record that fails, or, where it reads a value an op only the port has changed
+    # (diff.port_ops, said in the verdict), that op
+    module = _module(pair.origin if pair is not None and TAG_PORT_OP in pair.tags else first) if first else None
     site_compared = any(_within(_module(p.name), case.site) for p in report.pairs if p.name)
     enclosing = (module is not None and not site_compared and
                  (module == "" or case.site.startswith(module + ".")))

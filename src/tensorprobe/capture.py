@@ -98,12 +98,12 @@ class _Recorder:
         if not self.wanted(name, kind):
             return
         weight = kind in WEIGHT_KINDS
-        rec = Record(
+        store = self.keep_full or kind in _ALWAYS_STORED
+        rec = Record(    # a value not stored carries its sketch: what statistics cannot see (stats.sketch)
             name=name, module=module, op=op, order=self.order, shape=tuple(t.shape), dtype=dtype_name(t.dtype),
-            stats=compute_stats(t, self.channel_dim), kind=kind, call=call, device=str(t.device),
+            stats=compute_stats(t, self.channel_dim, sketch=not store), kind=kind, call=call, device=str(t.device),
             source=source, inputs=inputs, tags=tags, digest=tensor_digest(t) if weight else None,
         )
-        store = self.keep_full or kind in _ALWAYS_STORED
         rec = self.writer.add(rec, t if store else None)
         self.order += 1
         self.rng_records += kind == KIND_RNG

@@ -46,6 +46,8 @@ from .explain import family
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
 MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "position"
+# a weight paired through the one module that reads it; `_T`: the port holds it transposed (ONNX MatMul's B)
+MATCH_READER, MATCH_READER_T = "reader", "reader_transposed"
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,7 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
         _match_rules(c_cls, by_ref, rules, matched, used)
         if cls == _WEIGHTS:
             _match_digest(r_cls, c_cls, matched, used)
+            _match_readers(r_cls, c_cls, cands, matched, used)
         elif cls == _INPUTS:
             _match_position(in_model_order(r_cls, ()), in_model_order(c_cls, ()), matched, used)
         elif cls == _OUTPUTS:
@@ -255,6 +258,45 @@ def _match_digest(refs: list[Record], cands: list[Record], matched: dict, used: 
         if c is not None and c.name not in used:
             matched[r.name] = (c, MATCH_DIGEST)
             used.add(c.name)
+
+
+def _match_readers(refs: list[Record], cands: list[Record], everything: list[Record], matched: dict,
+                   used: set[str]) -> None:
+    """Weights an exporter renamed and re-laid out, paired through the module that reads them: torch.onnx's
+    dynamo exporter stores a Linear's weight transposed as `val_113`, read by `mix/MatMul.0`. A candidate weight
+    read in one module only pairs with the one unpaired reference weight of that module (or of a module inside
+    it) that has its shape, or its shape reversed. A square weight read as MatMul's B is held transposed."""
+    free = {c.name: c for c in cands if c.name not in used}
+    if not free:
+        return
+    read_in: dict[str, set[str]] = {}
+    read_as_b: set[str] = set()
+    for rec in everything:
+        if rec.kind in WEIGHT_KINDS:
+            continue
+        for i, name in enumerate(rec.inputs or ()):
+            if name in free:
+                read_in.setdefault(name, set()).add(rec.module or "")
+                if i == 1 and canonical_op(rec.op) == "matmul":
+                    read_as_b.add(name)
+    waiting = [r for r in sorted(refs, key=lambda r: r.order) if r.name not in matched]
+    for name, modules in read_in.items():
+        if len(modules) != 1 or not next(iter(modules)):
+            continue
+        module, c = next(iter(modules)), free[name]
+        fits = [r for r in waiting if r.name not in matched and (r.module == module or r.module.startswith(
+            module + ".")) and _fits(r.shape, c.shape)]
+        if len(fits) != 1:
+            continue      # two weights of one shape in one module: nothing tells which is which
+        r = fits[0]
+        transposed = tuple(r.shape) != tuple(c.shape) or (len(c.shape) == 2 and name in read_as_b)
+        matched[r.name] = (c, MATCH_READER_T if transposed else MATCH_READER)
+        used.add(c.name)
+
+
+def _fits(ref: Sequence[int], cand: Sequence[int]) -> bool:
+    """The same shape, or a matrix's shape reversed (the port holds it transposed)."""
+    return tuple(ref) == tuple(cand) or (len(ref) == 2 and tuple(ref) == tuple(cand)[::-1])
 
 
 def declared_outputs(manifest: dict) -> tuple[str, ...]:

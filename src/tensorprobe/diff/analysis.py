@@ -30,7 +30,8 @@ from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .compat import rms
 from .explain import HUGE_GAIN, explain, family, predicted_gain
-from .fusion import folded_note, judge_weight_readers, readers_of
+from .fusion import folded_note, judge_weight_readers, missing_weights, readers_of
+from .port_ops import changed_by_port_ops
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
@@ -81,6 +82,10 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = judged_as_quantized_outputs(forward, reduced, criteria)
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
+    if cand_bundle is not None:
+        forward = missing_weights(forward, weights, ref_records, cand_bundle.records)   # a bias the port lacks
+    if compare is not None and ref_bundle is not None and cand_bundle is not None:   # an op only the port has
+        forward = changed_by_port_ops(forward, ref_bundle, cand_bundle, criteria, compare, noise)
     forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
     forward, weights = judge_weight_readers(forward, weights, ref_records)   # folded, or unseen by statistics
     notes = list(notes) + [n for n in (graph_note, integer_domain_note(cand_only, cand_bundle),
@@ -200,7 +205,10 @@ def error_of(p: PairResult, passed_on: bool = False) -> float | None:
         return p.angle.raw_rel_err
     if p.rel_err is not None:
         return p.rel_err
-    return p.rel_err_lower if p.method == METHOD_STATS else None
+    if p.method != METHOD_STATS:
+        return None
+    estimate = p.metrics.get("rel_l2_err_estimate") if p.failed else None   # the evidence it failed on
+    return max(p.rel_err_lower or 0.0, estimate) if estimate is not None else p.rel_err_lower
 
 
 def _passed_on_error(p: PairResult) -> float | None:

@@ -20,13 +20,16 @@ import re
 from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
+
 from ..bundle import Bundle
+from ..stats.sketch import SKETCH_SIZE, estimate_rel_err
 from ..environment import explain as explain_environment
 from ..errors import InputError
 from ..record import KIND_MODEL_OUTPUT, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
-from .align import (Pair, Rule, align, declared_outputs, inconsistent_order_pairs, load_rules, parse_rule,
+from .align import (MATCH_READER_T, Pair, Rule, align, declared_outputs, inconsistent_order_pairs, load_rules, parse_rule,
                     parse_rules, same_shape)
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
@@ -41,6 +44,9 @@ from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STA
 
 ANGLE_OPS = ("atan2", "angle")
 _EPS32 = 1.1920929e-07
+# a sketch's estimate fails a pair only far above its limit: 8 projections estimate the error within a factor
+# ~2 (the square of the estimate is a mean of 8 squares), and float32 products round at ~4e-7 of the value
+SKETCH_MARGIN, SKETCH_MIN_ERROR = 3.0, 1e-5
 
 
 def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
@@ -145,6 +151,12 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
             return replace(found, status=STATUS_FAIL, reasons=found.reasons + (
                 "only its finiteness is compared: " + not_comparable.removeprefix("not comparable: "),))
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable,))
+    if pair.method == MATCH_READER_T:
+        # a weight the port holds transposed (paired through its reader): values compared in the reference's
+        # layout; statistics hold under a transpose, its bytes' fingerprint does not
+        if r.has_tensor and c.has_tensor:
+            return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor, transposed=True)
+        return _compare_stats(pair, criteria, base, floor, fingerprint=False)
     if not same_shape(r.shape, c.shape):
         shapes = f"shape {_shape(r.shape)} vs {_shape(c.shape)}"
         layout = find_layout(ref_b.numpy(r.name), cand_b.numpy(c.name), _layout_limit(criteria, floor)) \
@@ -180,10 +192,12 @@ def _output_rule(r: Record, criteria: Criteria, reduced: str | None) -> Criteria
 
 def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool,
                     db_scale: str | None, base: dict, floor: float | None,
-                    output_rule: Criteria | None = None) -> PairResult:
+                    output_rule: Criteria | None = None, transposed: bool = False) -> PairResult:
     r, c = pair.ref, pair.cand
     exact = value_kind(r) in (INT, BOOL)
     rt, ct = ref_b.numpy(r.name), cand_b.numpy(c.name)
+    if transposed:
+        ct = np.ascontiguousarray(ct.T)
     if exact:
         sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r), atol=0.0, rtol=0.0)
     else:
@@ -232,7 +246,8 @@ def _check_read(bundle: Bundle, rec: Record, sums: Sums, finite: float) -> None:
         bundle.check_nonfinite(rec.name, sums.n - int(finite))
 
 
-def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | None) -> PairResult:
+def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | None,
+                   fingerprint: bool = True) -> PairResult:
     """A side kept statistics only: what they prove (`compat.stats_bounds`), judged like values would be."""
     r, c = pair.ref, pair.cand
     b = stats_bounds(r.stats, c.stats)
@@ -249,22 +264,39 @@ def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | No
         what = f", {OUTPUT_WORDS}" if base["floor_reason"] == OUTPUT_WORDS else ""
         reasons.append(f"relative error at least {lower:.3g} (SNR at most "
                        f"{_snr(lower):.1f} dB), proven by the statistics, > {limit:.3g}{what}")
+    statistics_same = not reasons and (b.rel_err_lower or 0.0) == 0.0 and _same_values(r.stats, c.stats)
+    estimate = _sketch_estimate(r, c, fingerprint)
+    if estimate is not None:
+        metrics["rel_l2_err_estimate"] = estimate
+        if not b.nonfinite_differ and limit is not None and estimate > max(SKETCH_MARGIN * limit, SKETCH_MIN_ERROR):
+            beyond = not reasons
+            reasons.append(f"relative error about {estimate:.2g} (SNR about {_snr(estimate):.1f} dB), estimated from "
+                           f"{SKETCH_SIZE} random projections of each value" + (f", > {limit:.3g}" if limit else ""))
     if criteria.elementwise and b.max_abs_err_lower is not None:
         allowed = (criteria.atol or 0.0) + (criteria.rtol or 0.0) * float(r.stats.absmax or 0.0)
         if b.max_abs_err_lower > allowed:
             reasons.append(f"max abs error at least {b.max_abs_err_lower:.3g} (statistics) > {allowed:.3g}")
     # a fingerprint (of the bytes: same dtype only) tells only that some bit differs: it fails a weight compared
     # exactly, never one whose floor allows a difference (dequantised from integers, derived: g·v/‖v‖)
-    if r.kind in WEIGHT_KINDS and r.digest and c.digest and r.digest != c.digest and r.dtype == c.dtype \
-            and not floor:
-        same = not reasons and (b.rel_err_lower or 0.0) == 0.0 and _same_values(r.stats, c.stats)
+    if fingerprint and r.kind in WEIGHT_KINDS and r.digest and c.digest and r.digest != c.digest \
+            and r.dtype == c.dtype and not floor:
         reasons.append("values differ (content fingerprints differ)" + (
-            " while every statistic is identical: a transpose or a permutation?" if same else ""))
+            " while every statistic is identical: a transpose or a permutation?" if statistics_same else ""))
     if not (r.has_tensor or c.has_tensor) and not reasons and b.rel_err_lower is None and b.values_differ is None:
         return PairResult(**base, status=STATUS_NO_DATA, reasons=("no statistics to compare",))
     # statistics prove differences, never sameness: a pair they find no difference in is not proven to match
     return PairResult(**base, status=STATUS_FAIL if reasons else STATUS_NOT_PROVEN, reasons=tuple(reasons),
                       metrics=metrics, method=METHOD_STATS, beyond_floor=beyond and len(reasons) == 1)
+
+
+def _sketch_estimate(r: Record, c: Record, same_layout: bool) -> float | None:
+    """The relative error estimated from both sides' sketches (`stats.sketch`), when both carry one of a value in
+    the same layout; None otherwise."""
+    a, b = r.stats.sketch, c.stats.sketch
+    if a is None or b is None or not same_layout or tuple(r.shape) != tuple(c.shape) or r.stats.std is None:
+        return None
+    sumsq = r.stats.numel * (float(r.stats.std) ** 2 + float(r.stats.mean) ** 2)
+    return estimate_rel_err(a, b, sumsq)
 
 
 def _stats_limit(criteria: Criteria, floor: float | None) -> float | None:

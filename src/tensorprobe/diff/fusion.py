@@ -27,10 +27,11 @@ from typing import Callable, Sequence
 
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, WEIGHT_KINDS, Record
 from .align import Alignment, Pair
+from .evidence import UNPAIRED
 from .layout import TAG_LAYOUT
-from .noise import CAUSE_WEIGHTS, OWN_MARGIN
+from .noise import CAUSE_OWN, CAUSE_WEIGHTS, OWN_MARGIN
 from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
-                     TAG_FUSED, TAG_WEIGHT_UNSEEN, PairResult)
+                     TAG_FUSED, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN, PairResult)
 
 # a reader whose error exceeds its input's by this much shows its weight's difference, whatever the floor says
 READER_MARGIN = OWN_MARGIN * 4
@@ -154,6 +155,36 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
     weights = [replace(w, tags=w.tags + (TAG_FOLDED,), reasons=w.reasons + (folded[w.name],))
                if w.name in folded else w for w in weights]
     return forward, weights
+
+
+def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], ref_records: Sequence[Record],
+                    cand_records: Sequence[Record]) -> list[PairResult]:
+    """A record whose error is its own while a non-zero weight it reads has no counterpart, and the port reads
+    no weight there that is left unpaired: the port computes it without that weight (torch.onnx drops a bias of
+    zeros from a Conv; a port that zeroed it has the same graph). Its cause is the weight, not its code."""
+    ref = {r.name: r for r in ref_records}
+    paired = {w.cand_name for w in weights}
+    cand_weights = {c.name for c in cand_records if c.kind in WEIGHT_KINDS}
+    out = []
+    for p in forward:
+        missing = [n for n, why in p.uncompared_inputs if why == UNPAIRED and n in ref and ref[n].kind in WEIGHT_KINDS]
+        if p.failed and p.cause == CAUSE_OWN and not p.explanation and missing \
+                and len(missing) == len(p.uncompared_inputs) and not any(_all_zero(ref[n]) for n in missing):
+            read = {i for c in cand_records if c.kind not in WEIGHT_KINDS and _within(c.module, p.module)
+                    for i in c.inputs if i in cand_weights}
+            if read <= paired:
+                p = replace(p, cause=CAUSE_WEIGHTS, origin=missing[0], tags=p.tags + (TAG_WEIGHT_MISSING,))
+        out.append(p)
+    return out
+
+
+def _within(module: str, outer: str) -> bool:
+    return module == outer or (bool(outer) and module.startswith(outer + "."))
+
+
+def _all_zero(rec: Record) -> bool:
+    s = rec.stats
+    return s is not None and s.min == 0 and s.max == 0
 
 
 def _failed_on(p: PairResult, ws: list[PairResult], why: str) -> PairResult:

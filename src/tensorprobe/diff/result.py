@@ -28,6 +28,8 @@ TAG_READS_QUANTIZED = "reads_quantized"
 TAG_INPUT_UNSEEN = "input_unseen"
 TAG_FUSED = "fused"     # a record the port holds in one value with the one before it (diff.fusion)
 TAG_WEIGHT_UNSEEN = "weight_unseen"   # a reader failed on a weight its statistics cannot show (diff.fusion)
+TAG_PORT_OP = "port_op"   # the value it reads differs already: an op only the port has changed it (diff.port_ops)
+TAG_WEIGHT_MISSING = "weight_missing"   # a reader failed, and a weight it reads has no counterpart (diff.fusion)
 TAG_FOLDED = "folded"   # a weight that differs while what its reader computes agrees (diff.fusion): a note
 MATCH_SUGGESTED = "rule (suggested)"   # a weight paired by the rename rules diff offers, not by the user
 

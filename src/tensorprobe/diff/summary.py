@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 
-from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label, op_place
+from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label, op_place, parse_name
 from .evidence import CAND_ONLY, FED_OTHERWISE, NOT_COMPARED, UNPAIRED, made_in
 from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
-from .result import (TAG_FOLDED, MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_INPUT_UNSEEN,
+from .result import (TAG_FOLDED, TAG_PORT_OP, TAG_WEIGHT_MISSING, MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_INPUT_UNSEEN,
                      TAG_READS_QUANTIZED,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
 
@@ -230,7 +230,9 @@ def _divergence_words(r: DiffReport) -> str:
     where = (f"{first.op} in {op_place('', r.model_class, r.first_source)}"   # the root's own code, not the loss
              if not first.module and first.op and not first.op.startswith("module:") and "/" in first.name
              else f"{module_label(first.module)}, {first.op}")
-    text = (f"Diverged: {c['failed']:,} of {c['pairs']:,} records fail; first divergence at {first.name} "
+    enters = (f" {module_label(parse_name(first.origin)[0])} ({first.origin}, an op only the port has), seen first "
+              "at" if TAG_PORT_OP in first.tags and first.origin else "")
+    text = (f"Diverged: {c['failed']:,} of {c['pairs']:,} records fail; first divergence at{enters} {first.name} "
             f"({where}): {why}.")
     text += _cause_words(r, first)
     amp = r.strongest_amplifier
@@ -302,6 +304,9 @@ def _weight_cause_words(r: DiffReport, p: PairResult) -> str:
     ' Its input is made by body's own code, which reads buffer body.scale, which differs.'"""
     w = r.get(p.origin)
     what = f"{'buffer' if w is not None and w.kind == KIND_BUFFER else 'weight'} {p.origin}"
+    if TAG_WEIGHT_MISSING in p.tags:
+        return (f" It reads {what}, which the port has no counterpart of, and every weight the port reads here "
+                "is paired with another: the port computes it without that weight (a bias dropped or zeroed?).")
     code = made_in(p.tags, p.module)
     if code is not None and w is not None and w.module == code and w.module != p.module:
         return f" Its input is made by {_own_code(code, r)}, which reads {what}, which differs."

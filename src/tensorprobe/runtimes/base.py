@@ -43,7 +43,7 @@ from ..environment import collect as collect_environment
 from ..errors import RuntimeUnavailable
 from ..hooks import module_types
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, Record, dtype_name
-from ..stats import TensorStats, compute_stats, tensor_digest
+from ..stats import TensorStats, compute_stats, tensor_digest, with_sketch
 
 
 @dataclass(frozen=True)
@@ -236,8 +236,9 @@ class RuntimeAdapter:
                 if not selection.wants(name):
                     continue
                 data, shape, dtype = _data_of(rt, keep == "full" or rt.digest is None)
+                stats = rt.stats if rt.stats is not None else compute_stats(data)
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=shape, dtype=dtype,
-                                  stats=rt.stats if rt.stats is not None else compute_stats(data), kind=rt.kind,
+                                  stats=stats if keep == "full" else _sketched(stats, rt, data), kind=rt.kind,
                                   runtime_name=rt.runtime_name, tags=rt.tags,
                                   digest=rt.digest if rt.digest is not None else tensor_digest(data)),
                            data if keep == "full" else None, copy=rt.borrowed)
@@ -259,8 +260,11 @@ class RuntimeAdapter:
                     continue
                 data, shape, dtype = _data_of(rt, keep == "full" or kept)
                 dtypes.add(dtype)
+                stats = rt.stats if rt.stats is not None else compute_stats(data)
+                if not (keep == "full" or kept):
+                    stats = _sketched(stats, rt, data)
                 writer.add(Record(name=name, module=rt.module, op=rt.op, order=order, shape=shape,
-                                  dtype=dtype, stats=rt.stats if rt.stats is not None else compute_stats(data),
+                                  dtype=dtype, stats=stats,
                                   kind=rt.kind, call=rt.call, runtime_name=rt.runtime_name, inputs=rt.inputs,
                                   tags=rt.tags),
                            data if (keep == "full" or kept) else None, copy=rt.borrowed)
@@ -278,6 +282,13 @@ class RuntimeAdapter:
 # The model's own outputs and the random draws keep their values whatever `keep` is (model inputs too, above),
 # as a PyTorch capture keeps them: diagnosis and replay need them.
 _ALWAYS_KEPT = (KIND_MODEL_OUTPUT, KIND_RNG)
+
+
+def _sketched(stats: TensorStats, rt: RuntimeTensor, data: torch.Tensor | None) -> TensorStats:
+    """`stats` with the value's sketch (`stats.sketch`), for a value whose tensor the bundle does not keep:
+    from the tensor at hand, or the runtime's array; a weight the runtime reads lazily is left as it is."""
+    value = data if data is not None else rt.value if isinstance(rt.value, np.ndarray) else None
+    return stats if value is None else with_sketch(stats, value)
 
 
 def _data_of(rt: RuntimeTensor, kept: bool) -> tuple[torch.Tensor | None, tuple[int, ...], str]:

@@ -19,15 +19,17 @@ Two backends give the same figures: torch tensors are reduced with torch on thei
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..arrays import is_torch_tensor as _is_torch
-from .core import MAX_CHANNEL_IDX, TensorStats
+from .core import FLOAT_KIND, MAX_CHANNEL_IDX, TensorStats
 from .numpy_backend import numpy_digest, numpy_stats
+from .sketch import numpy_sketch
 
-def compute_stats(tensor: Any, channel_dim: int | None = 1) -> TensorStats:
+def compute_stats(tensor: Any, channel_dim: int | None = 1, sketch: bool = False) -> TensorStats:
     """Statistics of every element of `tensor` (torch or NumPy), in one or two passes.
 
     Args:
@@ -35,6 +37,8 @@ def compute_stats(tensor: Any, channel_dim: int | None = 1) -> TensorStats:
         channel_dim: the dimension whose slices are analysed for being entirely non-finite
             (the fingerprint of a broken per-channel normalization). Used for tensors of rank >= 2;
             `None` disables the analysis.
+        sketch: also its random projections (`stats.sketch`), for a finite float value: what a capture
+            records, so that two statistics-only captures see a permutation and estimate their error.
 
     Returns:
         A `TensorStats`.
@@ -42,8 +46,28 @@ def compute_stats(tensor: Any, channel_dim: int | None = 1) -> TensorStats:
     if _is_torch(tensor):
         from .torch_backend import torch_stats
 
-        return torch_stats(tensor, channel_dim)
-    return numpy_stats(np.asarray(tensor), channel_dim)
+        stats = torch_stats(tensor, channel_dim)
+    else:
+        tensor = np.asarray(tensor)
+        stats = numpy_stats(tensor, channel_dim)
+    return with_sketch(stats, tensor) if sketch else stats
+
+
+def with_sketch(stats: TensorStats, tensor: Any) -> TensorStats:
+    """`stats` with the sketch of `tensor` (its value), when it is a finite float value of 2 or more elements."""
+    if stats.kind != FLOAT_KIND or not stats.all_finite or stats.numel < 2 or stats.sketch is not None:
+        return stats
+    if _is_torch(tensor):
+        import torch
+
+        from .sketch import torch_sketch
+
+        t = tensor.detach()
+        flat = t.reshape(-1) if t.dtype in (torch.float32, torch.float64) else t.reshape(-1).float()
+        return replace(stats, sketch=torch_sketch(flat))
+    a = np.asarray(tensor)
+    flat = a.reshape(-1) if a.dtype in (np.float32, np.float64) else a.reshape(-1).astype(np.float32)
+    return replace(stats, sketch=numpy_sketch(flat))
 
 
 def tensor_digest(tensor: Any) -> str:
@@ -66,4 +90,4 @@ def tensor_digest(tensor: Any) -> str:
 
 
 
-__all__ = ["MAX_CHANNEL_IDX", "TensorStats", "compute_stats", "tensor_digest"]
+__all__ = ["MAX_CHANNEL_IDX", "TensorStats", "compute_stats", "tensor_digest", "with_sketch"]

@@ -34,6 +34,8 @@ class TensorStats:
     nonfinite_channels: int = 0
     partial_nonfinite_channels: int = 0
     nonfinite_channel_idx: tuple[int, ...] = field(default_factory=tuple)
+    # random projections of a finite float value (`stats.sketch`): what a permutation changes; None: not made
+    sketch: tuple[float, ...] | None = None
 
     @classmethod
     def finite(cls, numel: int, min: float, max: float, mean: float, std: float, absmax: float,
@@ -77,6 +79,10 @@ class TensorStats:
             if type(v) is not float or v - v != 0.0:   # a finite float is written as it is (the common case)
                 d[f] = json_number(v)
         d["nonfinite_channel_idx"] = list(self.nonfinite_channel_idx)
+        if self.sketch is None:
+            del d["sketch"]
+        else:
+            d["sketch"] = list(self.sketch)
         return d
 
     @classmethod
@@ -84,6 +90,8 @@ class TensorStats:
         known = cls.__dataclass_fields__
         kw = {k: from_json_number(v) for k, v in d.items() if k in known}
         kw["nonfinite_channel_idx"] = tuple(kw.get("nonfinite_channel_idx") or ())
+        if kw.get("sketch") is not None:
+            kw["sketch"] = tuple(float(v) for v in kw["sketch"])
         return cls(**kw)
 
 

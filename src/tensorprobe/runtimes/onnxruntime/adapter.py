@@ -141,7 +141,7 @@ class OnnxRuntimeAdapter(RuntimeAdapter):
         facts = []
         for name, value, tags in graph_weights(artifact.model.graph, artifact.state_names):
             module = name.rsplit(".", 1)[0] if "." in name else ""
-            stats, digest = compute_stats(_to_torch(value)), tensor_digest(value)
+            stats, digest = compute_stats(_to_torch(value), sketch=True), tensor_digest(value)
             facts.append((name, module, tags, tuple(value.shape), value.dtype, stats, digest))
             yield RuntimeTensor(runtime_name=name, module=module, op="initializer", value=value, name=name,
                                 tags=tags, kind=KIND_PARAM, stats=stats, digest=digest)

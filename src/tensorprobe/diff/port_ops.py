@@ -1,0 +1,100 @@
+"""Ops only the port has, caught where they change a value.
+
+A port that applies one more op inside a module (a gain past frame N, a clamp, a cast the reference does not
+make) shows at op level as a candidate-only record: nothing on the reference side pairs with it. The first
+record that fails is then the op that *reads* its result, in the next module, and its error looks like its own
+("its inputs were not compared: candidate only ..."). But that claim can be tested: the reference's op reads
+value R, which agrees with the port's Y; the port's op reads X, made from Y by ops only the port has. Compare R
+with X: when they differ beyond R's floor, the value is changed before the failing op runs, by the port's own
+op X, inside X's module. The pair keeps its place (it is the first compared record that fails) and says where
+the error enters (`origin`, tag `port_op`).
+
+    >>> report = diff("ref", "port")                                     # doctest: +SKIP
+    >>> p = report.get(report.first_divergence); p.origin, "port_op" in p.tags  # doctest: +SKIP
+    ('pre/cat.0', True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
+
+from ..record import WEIGHT_KINDS, module_label
+from .align import Pair
+from .evidence import CAND_ONLY
+from .noise import CAUSE_OWN
+from .result import TAG_PORT_OP, Criteria, PairResult
+
+MATCH_READ = "value read"   # a reference value paired with the port's value that replaces it where it is read
+_MAX_STEPS = 64             # candidate-only records walked back from one op
+
+
+def changed_by_port_ops(forward: Sequence[PairResult], ref_bundle: Any, cand_bundle: Any, criteria: Criteria,
+                        compare: Callable[..., PairResult], noise: Mapping[str, Any] | None) -> list[PairResult]:
+    """`forward`, each failing pair whose error is called its own while it reads a value only the port makes
+    re-told: where that value differs from what the reference reads, the error enters at the port's op."""
+    if not any(p.failed and any(why == CAND_ONLY for _, why in p.uncompared_inputs) for p in forward):
+        return list(forward)
+    by_cand = {p.cand_name: p for p in forward}
+    out = []
+    for p in forward:
+        extra = [n for n, why in p.uncompared_inputs if why == CAND_ONLY]
+        if p.failed and p.cause == CAUSE_OWN and not p.explanation and extra:
+            p = _entered_at(p, extra, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
+        out.append(p)
+    return out
+
+
+def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResult], ref_bundle: Any,
+                cand_bundle: Any, criteria: Criteria, compare: Callable[..., PairResult],
+                noise: Mapping[str, Any]) -> PairResult:
+    ref_rec = ref_bundle.get(p.name)
+    if ref_rec is None:
+        return p
+    for name in extra:
+        x = cand_bundle.get(name)
+        if x is None or x.kind in WEIGHT_KINDS or not x.has_tensor or _inside(x.module, ref_rec):
+            continue
+        for q in _compared_sources(x, by_cand, cand_bundle):
+            r = ref_bundle.get(q.name)
+            if q.name not in ref_rec.inputs or r is None or not r.has_tensor or tuple(r.shape) != tuple(x.shape):
+                continue
+            seen = compare(ref_bundle, cand_bundle, Pair(r, x, MATCH_READ), criteria, noise=noise.get(q.name))
+            if seen.failed and seen.rel_err is not None:
+                agrees = "the reference's" if q.cand_name == q.name else q.name
+                return replace(p, origin=name, tags=p.tags + (TAG_PORT_OP,), explanation=(
+                    f"the value it reads differs already: the port reads {name}, made from {q.cand_name} (which "
+                    f"agrees with {agrees}) by ops the reference does not have, in {module_label(x.module)}; "
+                    f"against {q.name}, which the reference reads, its relative error is {seen.rel_err:.3g}: the "
+                    f"error enters at {name}"))
+    return p
+
+
+def _inside(module: str, rec: Any) -> bool:
+    """Is `module` the failing record's own, or inside the module whose output it is? Then the port's op is part
+    of how the port computes that record (a norm decomposed into ReduceMean, Sub...), not an op before it."""
+    own = rec.module or ""
+    return module == own or (rec.op.startswith("module:") and (not own or module.startswith(own + ".")))
+
+
+def _compared_sources(x: Any, by_cand: Mapping[str, PairResult], cand_bundle: Any) -> list[PairResult]:
+    """The compared, agreeing values that candidate-only record `x` is made from, walking back through other
+    candidate-only records (a slice, a multiply, then the cat)."""
+    found, todo, seen = [], list(x.inputs), set()
+    while todo and len(seen) < _MAX_STEPS:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        q = by_cand.get(name)
+        if q is not None:
+            if q.passed and q.kind not in WEIGHT_KINDS:
+                found.append(q)
+            continue
+        rec = cand_bundle.get(name)
+        if rec is not None and rec.kind not in WEIGHT_KINDS:
+            todo.extend(rec.inputs)
+    return found
+
+
+__all__ = ["MATCH_READ", "changed_by_port_ops"]
