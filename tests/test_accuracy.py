@@ -15,8 +15,8 @@ from bench.accuracy.cases import Case, generate
 from bench.accuracy.report import misses, score
 from bench.accuracy.run import run_case, run_population
 
-LOCALIZED_FLOOR = 0.92   # measured 0.935 here: two cases of margin for another CPU's rounding
-CAUSE_FLOOR = 0.88       # measured 0.903
+LOCALIZED_FLOOR = 0.97   # measured 0.987 here: two cases of margin for another CPU's rounding
+CAUSE_FLOOR = 0.965      # measured 0.981
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,16 @@ def test_the_first_divergence_and_its_cause_are_right_as_often_as_measured(quick
     ("convnorm-instance-affine-gelu/torch/module-stats/permute_out@post/s4242", "post"),
     # a bias dropped in a bfloat16 port, inside its wide noise floor but far above what comes before it
     ("attention/bf16/module-full/drop_bias@ff.0/s9802", "ff.0"),
+    # the dynamo exporter stores a Linear's weight transposed as val_N: paired through the MatMul that reads it
+    ("attention/onnx/module-stats/scale_weight@mix/s62", "mix"),
+    ("attention/onnx/module-stats/faithful/s62", None),
+    # a zeroed bias is dropped from the export: the conv reads no bias, and that is the cause
+    ("convnorm-group-affine-gelu/onnx/module-full/drop_bias@pre/s5685", "pre"),
+    # permutations and reversed kernels in float16/bfloat16 ports, seen by the sketches of statistics captures
+    ("rnn-gru/fp16/module-stats/permute_out@head/s6934", "head"),
+    ("convnorm-group-plain-leaky/fp16/module-stats/flip_kernel@blocks.0.0/s9497", "blocks.0.0"),
+    # at op level, a gain from frame 20 on inside pre: named at the op only the port has
+    ("convnorm-instance-affine-leaky/torch/op-full/late_frames@pre/s4617", "blocks.0.0/convolution.0"),
 ])
 def test_the_repros_of_exporter_folding_and_unseen_weights(case_id, first):
     pytest.importorskip("onnxruntime")

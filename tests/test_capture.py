@@ -205,3 +205,24 @@ def test_an_output_directory_that_cannot_be_written_is_named_before_anything_run
     if pathlib.Path("/proc").is_dir():                                  # the library says the same
         with pytest.raises(BundleError, match="cannot write the bundle to /proc/forbidden"):
             tp.capture(Looped(), torch.randn(1, 4), out="/proc/forbidden")
+
+
+def test_every_tensor_of_nested_inputs_is_recorded_by_key_and_a_changed_one_is_named(tmp_path):
+    """A forward taking one dict (a batch) had no input record: a 1 % change of one input read "first
+    divergence at a, cause own" (found by the accuracy work's new-user check)."""
+    class DictNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+
+        def forward(self, batch):
+            return self.a(batch["x"]) * batch["extra"][0]
+
+    torch.manual_seed(0)
+    model, x, scale = DictNet().eval(), torch.randn(4, 8), torch.full((4, 1), 2.0)
+    ref = tp.capture(model, {"x": x, "extra": [scale]}, level="op", out=tmp_path / "ref")
+    assert "input.0.x" in ref and "input.0.extra.0" in ref and "input.0.x" in ref["a/addmm.0"].inputs
+    same = tp.capture(model, {"x": x.clone(), "extra": [scale]}, level="op", out=tmp_path / "same")
+    assert tp.diff(ref, same).verdict == "match"
+    moved = tp.diff(ref, tp.capture(model, {"x": x * 1.01, "extra": [scale]}, out=tmp_path / "moved"))
+    assert moved.first_divergence == "input.0.x" and "inputs already differ" in moved.summary

@@ -373,9 +373,9 @@ class Capture:
         assert self._writer is not None
         self._writer.set_header(inputs=describe_inputs(named))
         with self._paused():
-            for key, t in named.items():
-                if isinstance(t, torch.Tensor):
-                    self._recorder.record(t, name=f"input.{key}", module="", op="input", kind=KIND_MODEL_INPUT)
+            for key, value in named.items():   # nested too, by key: a forward taking one dict (`input.0.mel`)
+                for path, t in output_tensors(value, f"input.{key}"):
+                    self._recorder.record(t, name=path, module="", op="input", kind=KIND_MODEL_INPUT)
 
     def _install(self) -> None:
         self._writer.set_header(environment=collect_environment([*self.model.parameters(), *self.model.buffers()]))

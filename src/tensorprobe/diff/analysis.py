@@ -133,7 +133,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
                         first_difference=failing[0].name if failing and first is not failing[0] else None,
                         environment_notes=tuple(environment_notes), incomplete=tuple(incomplete),
                         rng_differs=tuple(p.name for p in forward if p.kind == KIND_RNG and p.cause == CAUSE_RANDOM),
-                        reduced_precision=reduced, levels=levels, renames=renames and renames.sentence,
+                        rng_replayed=_replayed(cand_bundle), reduced_precision=reduced, levels=levels, renames=renames and renames.sentence,
                         suggested_rules=renames.rules if renames else (),
                         model_class=_model_class(ref_bundle),
                         first_source=next((x.source for x in ref_records if first is not None and x.name == first.name),
@@ -195,6 +195,11 @@ def _split_weights(names: list[str], bundle: Any) -> tuple[list[str], list[str]]
     weights = [n for n in names if (r := bundle.get(n)) is not None and r.kind in WEIGHT_KINDS]
     wset = set(weights)
     return weights, [n for n in names if n not in wset]
+
+
+def _replayed(bundle: Any) -> bool:
+    """Was this bundle captured replaying another's random draws (`capture --replay-rng`)?"""
+    return bool(((getattr(bundle, "manifest", None) or {}).get("capture") or {}).get("replay_rng"))
 
 
 def error_of(p: PairResult, passed_on: bool = False) -> float | None:
@@ -597,6 +602,9 @@ def _promote_amplifiers(results: list[PairResult], by_name: dict[str, Record]) -
     return out
 
 
+ESTIMATE_MARGIN = 3.0   # a sketch's estimate of an error (stats.sketch) reads low by less than this
+
+
 def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record]) -> PairResult:
     if p.method != METHOD_ELEMENTWISE or p.rel_err is None or p.input_name is None or not p.rounding:
         return p
@@ -616,6 +624,14 @@ def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[
     ins = [by_name[i] for i in rec.inputs if i in by_name]
     gain = predicted_gain(rec, ins, _output_index(p.name))
     e_in = p.input_rel_err or 0.0
+    src = done[p.input_name]
+    if src.method == METHOD_STATS:
+        # statistics bound an input's error from below: "its inputs differ by at most" needs its sketch's
+        # estimate (which may read low by a factor ~2), or it cannot be said
+        estimate = src.metrics.get("rel_l2_err_estimate")
+        if estimate is None:
+            return p
+        e_in = max(e_in, ESTIMATE_MARGIN * estimate)
     limit = OWN_MARGIN * max(p.rounding * LOCAL_UNITS, gain * e_in)
     if p.rel_err <= limit or e_in >= INPUTS_DIFFER:
         return p
@@ -629,6 +645,12 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
                 quantized_input: str | None = None) -> PairResult:
     if not p.failed:
         return p
+    if p.status == STATUS_SHAPE and sorted(p.shape) == sorted(p.cand_shape):
+        # its dimensions reordered (an exporter moved a transpose) and a weight of its own differs: that weight
+        bad = next((w for w in done.values() if w.kind in WEIGHT_KINDS and w.failed and w.module == p.module
+                    and p.module), None)
+        if bad is not None:
+            return replace(p, cause=CAUSE_WEIGHTS, origin=bad.name)
     if p.status == STATUS_SHAPE or p.kind == KIND_MODEL_INPUT:
         return replace(p, cause=CAUSE_OWN, origin=p.name)
     if TAG_FUSED in p.tags:   # its input is the record the port fused it with: no value of the port shows it

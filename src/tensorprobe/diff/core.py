@@ -34,7 +34,7 @@ from .align import (MATCH_READER_T, Pair, Rule, align, declared_outputs, inconsi
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .fusion import fused_successors, held_transposed
-from .layout import REORDER_MIN_ERROR, find_layout
+from .layout import REORDER_MIN_ERROR, TAG_LAYOUT, TRANSPOSED, find_layout
 from .metrics import Sums, accumulate, evaluate
 from .noise import (OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_WORDS, Noise, Precision, dequantized_floor, expected_noise,
                     judged_floor, reduced_precision, weight_floor)
@@ -164,6 +164,12 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
         if layout is not None:   # every value right, in another place: say so, not just "shape differs"
             return PairResult(**{**base, "tags": base["tags"] + (layout.tag(),)}, status=STATUS_SHAPE,
                               reasons=(f"same values in another layout ({layout.words()}): {shapes}",))
+        if not (r.has_tensor and c.has_tensor) and sorted(r.shape) == sorted(c.shape) and \
+                not _compare_stats(pair, criteria, base, floor, fingerprint=False).failed:
+            # statistics hold under a transpose: what they show agrees, in the reference's dimensions reordered
+            return PairResult(**{**base, "tags": base["tags"] + (TAG_LAYOUT + TRANSPOSED,)}, status=STATUS_SHAPE,
+                              reasons=(f"the same statistics with its dimensions reordered (statistics cannot tell a "
+                                       f"transpose from other values; --keep full compares them): {shapes}",))
         return PairResult(**base, status=STATUS_SHAPE, reasons=(shapes,))
     if not kinds_agree(r, c):
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable_reason(r, c),))

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, WEIGHT_KINDS, Record
 from .align import Alignment, Pair
-from .evidence import UNPAIRED
+from .evidence import CAND_ONLY, UNPAIRED
 from .layout import TAG_LAYOUT
 from .noise import CAUSE_OWN, CAUSE_WEIGHTS, OWN_MARGIN
 from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
@@ -165,17 +165,26 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
     ref = {r.name: r for r in ref_records}
     paired = {w.cand_name for w in weights}
     cand_weights = {c.name for c in cand_records if c.kind in WEIGHT_KINDS}
+    cand_kinds = {c.name: c.kind for c in cand_records}
     out = []
     for p in forward:
         missing = [n for n, why in p.uncompared_inputs if why == UNPAIRED and n in ref and ref[n].kind in WEIGHT_KINDS]
-        if p.failed and p.cause == CAUSE_OWN and not p.explanation and missing \
-                and len(missing) == len(p.uncompared_inputs) and not any(_all_zero(ref[n]) for n in missing):
+        # what else was not compared is data only the port computes (its own functional ops), not a weight
+        others = [n for n, why in p.uncompared_inputs if n not in missing and not (
+            why == CAND_ONLY and cand_kinds.get(n) not in (None, *WEIGHT_KINDS)) and not _identity(ref.get(n))]
+        if p.failed and p.cause == CAUSE_OWN and not p.explanation and missing and not others \
+                and not any(_all_zero(ref[n]) for n in missing):
             read = {i for c in cand_records if c.kind not in WEIGHT_KINDS and _within(c.module, p.module)
                     for i in c.inputs if i in cand_weights}
             if read <= paired:
                 p = replace(p, cause=CAUSE_WEIGHTS, origin=missing[0], tags=p.tags + (TAG_WEIGHT_MISSING,))
         out.append(p)
     return out
+
+
+def _identity(rec: Record | None) -> bool:
+    """A module an eval-mode export removes (Dropout, Identity): its value is its input's, compared or not."""
+    return rec is not None and rec.op.removeprefix("module:").startswith(("Dropout", "Identity", "AlphaDropout"))
 
 
 def _within(module: str, outer: str) -> bool:

@@ -82,6 +82,11 @@ NOISE_UNITS = 32
 LOCAL_UNITS = 8
 OWN_MARGIN = 4.0
 WEIGHT_UNITS = 2
+# A module of a type this model does not know, whose call no record shows inside (its own code: a custom leaf
+# at module level), rounds like this many ops: PESTO's log-magnitude front end (20·log10 of CQT magnitudes down to
+# 1e-10) in a faithful ONNX export differs by 4.6e-6 from float32 PyTorch, where one op's rounding models 1.9e-6:
+# a log turns each small element's relative rounding into absolute error. --level op models its ops one by one.
+UNSEEN_CODE_UNITS = 8
 CEILING_UNITS = 2048          # x 2^-24 = 1.2e-4: float32 rounding through a deep path, without amplification
 OUTPUT_REL_MAX = 5e-4         # a same-precision port's model output (SNR 66 dB): half of 1e-3 (60 dB)
 OUTPUT_MIN_SNR, OUTPUT_MIN_CORR = 20.0, 0.99   # model outputs of a reduced-precision port (issue 29's default)
@@ -276,6 +281,7 @@ def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precisio
     out: dict[str, tuple[float, float, bool, int, float]] = {}
     inside: dict[str, float] = {}      # module path -> largest absolute expected error inside its current call
     taken: dict[str, tuple[int, float]] = {}  # module path -> (call, inside) of its last module record
+    unseen: dict[str, bool] = {}       # module path -> its last call ran code no record shows (`UNSEEN_CODE_UNITS`)
     running = latest = 0.0
     deepest = last_depth = 0
     for r in refs:
@@ -312,7 +318,10 @@ def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precisio
         if r.op.startswith("module:"):  # every output of one call (`m:0`, `m:1`) sees what ran inside it
             depth = max(depth, last_depth + 1)    # what ran just before it ran inside its call
             if taken.get(r.module, (None,))[0] != r.call:
+                unseen[r.module] = r.module not in inside and fam == "other" and bool(r.module)
                 taken[r.module] = (r.call, inside.pop(r.module, 0.0))
+            if unseen.get(r.module) and unit <= SAME_PRECISION_ROUNDOFF:   # its code, unseen, rounds more than one op
+                rounding = max(rounding, own * UNSEEN_CODE_UNITS)
             # relative to this output's size; the ceiling (no credit) takes the largest relative error inside
             # instead: an inner record's absolute error over a smaller output (a classifier's logits under
             # its probabilities) is a unit mismatch, not rounding

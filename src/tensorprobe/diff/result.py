@@ -308,6 +308,7 @@ class DiffReport:
     first_difference: str | None = None     # first failing record in execution order, when not the divergence
     environment_notes: tuple[str, ...] = ()
     rng_differs: tuple[str, ...] = ()       # random draws that differ (not replayed)
+    rng_replayed: bool = False              # the candidate was captured replaying the reference's draws
     incomplete: tuple[str, ...] = ()        # "the candidate bundle is incomplete: its capture stopped after ..."
     reduced_precision: str | None = None    # why the candidate is not a same-precision port ("float16"), or None
     levels: str | None = None               # "the reference was captured at module level and the candidate at op level: ..."

@@ -260,6 +260,9 @@ def _cause_words(r: DiffReport, p: PairResult) -> str:
     if p.cause == CAUSE_RANDOM:
         if p.origin != p.name and p.explanation and r.get(p.origin) is None:   # a draw with no counterpart
             return f" {_sentence(p.explanation)}"
+        if r.rng_replayed:   # the advice would be to do what was done: say what replay could not do
+            return (" It comes from random draws that differ between the runs, though the candidate replayed the "
+                    "reference's: the port draws with another op, shape or order here.")
         return " It comes from random draws that differ between the runs (use --replay-rng)."
     if p.cause == CAUSE_QUANTIZED:
         n = sum(1 for q in r.pairs if TAG_QUANTIZED in q.tags or TAG_READS_QUANTIZED in q.tags)
@@ -363,8 +366,9 @@ def _output_words(r: DiffReport, first: PairResult) -> str:
     if failing:
         by = ""
         if all(o.cause == CAUSE_RANDOM for o in failing):
-            by = (" — random draws differ too, so replay them (--replay-rng) to tell noise from this error"
-                  if _port_error(r) else " — by random noise, not by the port")
+            replay = ("draws the replay could not feed differ too" if r.rng_replayed else
+                      "random draws differ too, so replay them (--replay-rng) to tell noise from this error")
+            by = f" — {replay}" if _port_error(r) else " — by random noise, not by the port"
         return (f" The divergence persists to the output{'s' if len(failing) > 1 else ''}{by}: {listed}."
                 + "".join(_spectral_words(o) for o in failing))
     return f" The error recovers: the output{'s pass' if len(outs) > 1 else ' passes'}: {listed}."
@@ -411,11 +415,14 @@ def _rng_words(r: DiffReport) -> str:
     n = len(r.rng_differs)
     outs = [r.get(o) for o in r.outputs]
     reaches = any(o is not None and o.failed and o.cause == CAUSE_RANDOM for o in outs)
+    these = "these were" if n > 1 else "this one was"
+    advice = (f"the candidate was captured with --replay-rng, and {these} not replayed: the port draws with another "
+              "op, shape or order than the reference" if r.rng_replayed else "--replay-rng feeds the reference's")
     if reaches and _port_error(r):
-        return f" {n} random op{'s' if n > 1 else ''} drew different noise: --replay-rng feeds the reference's."
+        return f" {n} random op{'s' if n > 1 else ''} drew different noise: {advice}."
     effect = (": the outputs differ by noise, not by the port" if reaches else
               "; it does not reach the outputs" if outs and not any(o and o.failed for o in outs) else "")
-    return f" {n} random op{'s' if n > 1 else ''} drew different noise{effect}; --replay-rng feeds the reference's."
+    return f" {n} random op{'s' if n > 1 else ''} drew different noise{effect}; {advice}."
 
 
 def _calls_words(r: DiffReport) -> str:
