@@ -63,3 +63,14 @@ def test_only_finite_float_values_get_one_and_it_survives_the_manifest():
     s = compute_stats(torch.randn(3, 5), sketch=True)
     assert TensorStats.from_dict(s.to_dict()) == s
     assert "sketch" not in compute_stats(torch.randn(3)).to_dict()
+
+
+@pytest.mark.parametrize("n", [50, BLOCK * 2 + 7])
+def test_the_device_path_gives_the_numpy_figures(n):
+    """The torch computation a CUDA value takes (run here on the CPU) equals the NumPy one."""
+    from tensorprobe.stats.sketch import _on_device, numpy_sketch
+
+    x = torch.randn(n, dtype=torch.float64)
+    assert np.allclose(_on_device(x), numpy_sketch(x.numpy()), rtol=1e-9, atol=1e-9)
+    x32 = x.float()
+    assert np.allclose(_on_device(x32), numpy_sketch(x32.numpy()), rtol=0, atol=1e-5 * float(x.norm()))

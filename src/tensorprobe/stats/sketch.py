@@ -88,6 +88,11 @@ def torch_sketch(flat: Any) -> tuple[float, ...]:
             return numpy_sketch(flat.contiguous().numpy())
         except (RuntimeError, TypeError):   # tensor subclasses NumPy cannot view
             pass
+    return _on_device(flat)
+
+
+def _on_device(flat: Any) -> tuple[float, ...]:
+    """The projections computed with torch on the tensor's device (a CUDA value is reduced there)."""
     import torch
 
     n = flat.numel()
