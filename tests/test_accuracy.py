@@ -77,3 +77,18 @@ def test_the_repros_of_exporter_folding_and_unseen_weights(case_id, first):
         assert outcome["verdict"] == "match", outcome["summary"]
     else:
         assert outcome["first_divergence"] == first and outcome["cause_right"], outcome["summary"]
+
+
+@pytest.mark.parametrize("case_id, place, cause_right", [
+    # op level, the dynamo export: the Linear's ops have no counterpart, the next norm is the first record that
+    # fails; the verdict names the module whose weight differs and has no value of its own in the port
+    ("attention/onnx/op-full/scale_weight@mix/s7784", "mix (its weight mix.weight differs", True),
+    # the dynamo exporter folds the BatchNorm into the conv: "made here or in blocks.0.0" (the cause cannot be
+    # told: folded weights differ in a faithful export too)
+    ("convnorm-batch-plain-leaky/onnx/module-full/permute_out@blocks.0.0/s5273", "blocks.0.1 or blocks.0.0", False),
+])
+def test_the_verdict_names_where_the_error_enters_when_the_port_has_no_value_there(case_id, place, cause_right):
+    pytest.importorskip("onnxruntime")
+    outcome = run_case(Case.from_id(case_id))
+    assert outcome["localized"] and outcome["cause_right"] == cause_right, outcome["summary"]
+    assert f"first divergence at {place}" in outcome["summary"]

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 import tensorprobe as tp
-from tensorprobe.diff.result import TAG_PORT_OP
 from tensorprobe.record import parse_name
 
 from .archs import ARCHS, Built
@@ -146,14 +145,16 @@ def judge(case: Case, report: Any) -> dict[str, Any]:
     if case.bug is None:
         out["false_alarm"] = verdict == "diverged"
         return out
-    # the first compared record that fails, or, where it reads a value an op only the port has changed
-    # (diff.port_ops, said in the verdict), that op
-    module = _module(pair.origin if pair is not None and TAG_PORT_OP in pair.tags else first) if first else None
+    # the module the verdict names (`DiffReport.first_place`): the first compared record that fails, or where the
+    # error enters before it (an op only the port has; a weight of a module the port has no value of)
+    module = report.first_place if first else None
     site_compared = any(_within(_module(p.name), case.site) for p in report.pairs if p.name)
     enclosing = (module is not None and not site_compared and
                  (module == "" or case.site.startswith(module + ".")))
     out["detected"] = verdict == "diverged"
-    out["localized"] = module is not None and (_within(module, case.site) or enclosing)
+    fused = report.fused_with(first)          # "made in one of the two": the verdict names both
+    out["localized"] = module is not None and (_within(module, case.site) or enclosing or (
+        fused is not None and _within(_module(fused), case.site)))
     out["enclosing"] = bool(enclosing)
     out["cause_right"] = out["localized"] and cause in BUGS[case.bug].causes
     return out

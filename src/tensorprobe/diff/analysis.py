@@ -30,7 +30,7 @@ from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .compat import rms
 from .explain import HUGE_GAIN, explain, family, predicted_gain
-from .fusion import folded_note, judge_weight_readers, missing_weights, readers_of
+from .fusion import folded_note, folded_predecessors, judge_weight_readers, missing_weights, readers_of
 from .port_ops import changed_by_port_ops
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
@@ -38,7 +38,7 @@ from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
 from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL,
-                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_FUSED, TAG_INPUT_UNSEEN,
+                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_FUSED, TAG_FUSED_WITH, TAG_INPUT_UNSEEN,
                      TAG_READS_QUANTIZED, Amplifier,
                      CallSeries, Criteria, DiffReport, PairResult)
 
@@ -84,6 +84,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
     if cand_bundle is not None:
         forward = missing_weights(forward, weights, ref_records, cand_bundle.records)   # a bias the port lacks
+    forward = folded_predecessors(forward, ref_records)     # the port has no value of the record before it
     if compare is not None and ref_bundle is not None and cand_bundle is not None:   # an op only the port has
         forward = changed_by_port_ops(forward, ref_bundle, cand_bundle, criteria, compare, noise)
     forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
@@ -654,9 +655,9 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     if p.status == STATUS_SHAPE or p.kind == KIND_MODEL_INPUT:
         return replace(p, cause=CAUSE_OWN, origin=p.name)
     if TAG_FUSED in p.tags:   # its input is the record the port fused it with: no value of the port shows it
+        partner = next((t[len(TAG_FUSED_WITH):] for t in p.tags if t.startswith(TAG_FUSED_WITH)), "the record before it")
         return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=(
-            "the port computes it in one value with the record before it (fused), so the difference is made in "
-            "one of the two"))
+            f"the port computes it in one value with {partner} (fused), so the difference is made in one of the two"))
     if p.kind == KIND_RNG:   # noise, unless it draws otherwise than the reference (`draws.py`): the port's
         return replace(p, cause=CAUSE_OWN if is_draw_finding(p) else CAUSE_RANDOM, origin=p.name)
     src = done.get(p.input_name) if p.input_name else None

@@ -28,10 +28,11 @@ from typing import Callable, Sequence
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, WEIGHT_KINDS, Record
 from .align import Alignment, Pair
 from .evidence import CAND_ONLY, UNPAIRED
+from .explain import family
 from .layout import TAG_LAYOUT
 from .noise import CAUSE_OWN, CAUSE_WEIGHTS, OWN_MARGIN
 from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
-                     TAG_FUSED, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN, PairResult)
+                     TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN, PairResult)
 
 # a reader whose error exceeds its input's by this much shows its weight's difference, whatever the floor says
 READER_MARGIN = OWN_MARGIN * 4
@@ -69,7 +70,7 @@ def fused_successors(results: list[PairResult], alignment: Alignment,
         out.append(replace(p, status=STATUS_NOT_COMPARABLE, method=None, metrics={}, tags=p.tags + (TAG_FUSED,), reasons=(
             f"the port has no value of its own: {p.cand_name} {holds} {nxt.name} computes after it, so the port "
             f"fused the two (an exporter folds an eval-mode norm into the convolution before it)",)))
-        out.append(replace(moved, tags=moved.tags + (TAG_FUSED,)))
+        out.append(replace(moved, tags=moved.tags + (TAG_FUSED, TAG_FUSED_WITH + p.name)))
         del ref_only[nxt.name]
     return sorted(out, key=lambda q: q.order), list(ref_only.values())
 
@@ -178,6 +179,28 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
                     for i in c.inputs if i in cand_weights}
             if read <= paired:
                 p = replace(p, cause=CAUSE_WEIGHTS, origin=missing[0], tags=p.tags + (TAG_WEIGHT_MISSING,))
+        out.append(p)
+    return out
+
+
+def folded_predecessors(forward: list[PairResult], ref_records: Sequence[Record]) -> list[PairResult]:
+    """A failing record whose error is called its own while the reference's record just before it, which it
+    reads, has no counterpart in the port: an exporter folded the two into one value (torch.onnx's dynamo
+    exporter folds an eval-mode BatchNorm into the conv before it, weights included), so the difference is made
+    in one of the two. Tagged `fused_with:` that record; the summary names both."""
+    order = sorted((r for r in ref_records if r.kind not in (*WEIGHT_KINDS, KIND_MODEL_INPUT)), key=lambda r: r.order)
+    before = {b.name: a for a, b in zip(order, order[1:])}
+    out = []
+    for p in forward:
+        rec = before.get(p.name)
+        prev = rec.name if rec is not None else None
+        # a norm after a convolution or a linear: what exporters fold (a renamed block is not folded: `renames`)
+        if p.failed and p.cause == CAUSE_OWN and not p.explanation and rec is not None and \
+                family(p.op) == "norm" and family(rec.op) == "linear" and \
+                (prev, UNPAIRED) in p.uncompared_inputs and TAG_FUSED not in p.tags:
+            p = replace(p, tags=p.tags + (TAG_FUSED_WITH + prev,), explanation=(
+                f"the port has no value of {prev}, which it reads: an exporter folded the two into one (an eval-mode "
+                f"norm into the convolution before it), so the difference is made here or in {prev}"))
         out.append(p)
     return out
 

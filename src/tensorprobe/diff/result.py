@@ -27,6 +27,7 @@ TAG_READS_QUANTIZED = "reads_quantized"
 # an amplifier credited with a gain its input cannot show: that input was made by code no record shows
 TAG_INPUT_UNSEEN = "input_unseen"
 TAG_FUSED = "fused"     # a record the port holds in one value with the one before it (diff.fusion)
+TAG_FUSED_WITH = "fused_with:"   # ... and the record it was fused with (`fused_with:blocks.0.0`)
 TAG_WEIGHT_UNSEEN = "weight_unseen"   # a reader failed on a weight its statistics cannot show (diff.fusion)
 TAG_PORT_OP = "port_op"   # the value it reads differs already: an op only the port has changed it (diff.port_ops)
 TAG_WEIGHT_MISSING = "weight_missing"   # a reader failed, and a weight it reads has no counterpart (diff.fusion)
@@ -392,6 +393,35 @@ class DiffReport:
             next((p for p in self.weights if p.name == name), None)
 
     @property
+    def first_place(self) -> str | None:
+        """The module the verdict names as where the error enters: the first divergence's own; where that record
+        reads a value an op only the port has changed (`port_op`), that op's module; where it reads a weight
+        that differs of a module with no value compared (the port has none of its own), that module. None on a
+        match. ('' is the model's own code.)
+
+            >>> report.first_divergence, report.first_place     # doctest: +SKIP
+            ('norm1/native_layer_norm.0:0', 'mix')
+        """
+        from ..record import parse_name
+
+        p = self.get(self.first_divergence)
+        if p is None:
+            return None
+        own = "" if p.kind in ("model_output", "model_input") else parse_name(p.name)[0]
+        if TAG_PORT_OP in p.tags and p.origin:
+            return parse_name(p.origin)[0]
+        w = next((w for w in self.weights if w.name == p.origin), None) if p.cause == "weights" else None
+        if w is not None and w.module and not _within(own, w.module) and not any(
+                q.compared and _within(q.module, w.module) for q in self.pairs):
+            return w.module
+        return own
+
+    def fused_with(self, name: str | None) -> str | None:
+        """The record the port fused pair `name` with (it holds both in one value), or None."""
+        p = self.get(name)
+        return next((t[len(TAG_FUSED_WITH):] for t in p.tags if t.startswith(TAG_FUSED_WITH)), None) if p else None
+
+    @property
     def output_persists(self) -> bool | None:
         """Does the divergence reach the model output (True) or wash out before it (False)?"""
         out = self.get(self.output)
@@ -438,3 +468,7 @@ class DiffReport:
         for m in (METHOD_ELEMENTWISE, METHOD_DIGEST, METHOD_STATS):
             c[f"weights_{m}"] = sum(p.method == m for p in self.weights)
         return c
+
+
+def _within(module: str, outer: str) -> bool:
+    return module == outer or module.startswith(outer + ".")

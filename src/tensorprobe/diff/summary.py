@@ -230,9 +230,15 @@ def _divergence_words(r: DiffReport) -> str:
     where = (f"{first.op} in {op_place('', r.model_class, r.first_source)}"   # the root's own code, not the loss
              if not first.module and first.op and not first.op.startswith("module:") and "/" in first.name
              else f"{module_label(first.module)}, {first.op}")
-    enters = (f" {module_label(parse_name(first.origin)[0])} ({first.origin}, an op only the port has), seen first "
-              "at" if TAG_PORT_OP in first.tags and first.origin else "")
-    text = (f"Diverged: {c['failed']:,} of {c['pairs']:,} records fail; first divergence at{enters} {first.name} "
+    place, enters = r.first_place, ""
+    if TAG_PORT_OP in first.tags and first.origin:
+        enters = f" {module_label(place or '')} ({first.origin}, an op only the port has), seen first at"
+    elif place and first.cause == CAUSE_WEIGHTS and first.origin and place != parse_name(first.name)[0]:
+        enters = (f" {place} (its weight {first.origin} differs, and the port has no value of {place}'s own to "
+                  "compare), seen first at")
+    partner = r.fused_with(first.name)
+    both = f" or {partner} (the port holds the two in one value)" if partner else ""
+    text = (f"Diverged: {c['failed']:,} of {c['pairs']:,} records fail; first divergence at{enters} {first.name}{both} "
             f"({where}): {why}.")
     text += _cause_words(r, first)
     amp = r.strongest_amplifier
