@@ -68,9 +68,22 @@ def test_only_finite_float_values_get_one_and_it_survives_the_manifest():
 @pytest.mark.parametrize("n", [50, BLOCK * 2 + 7])
 def test_the_device_path_gives_the_numpy_figures(n):
     """The torch computation a CUDA value takes (run here on the CPU) equals the NumPy one."""
-    from tensorprobe.stats.sketch import _on_device, numpy_sketch
+    from tensorprobe.stats.sketch import numpy_sketch, torch_sketch as _on_device
 
     x = torch.randn(n, dtype=torch.float64)
     assert np.allclose(_on_device(x), numpy_sketch(x.numpy()), rtol=1e-9, atol=1e-9)
     x32 = x.float()
     assert np.allclose(_on_device(x32), numpy_sketch(x32.numpy()), rtol=0, atol=1e-5 * float(x.norm()))
+
+
+def test_the_statistics_pass_makes_the_same_sketch_and_uses_the_kernels_block():
+    """A contiguous float CPU tensor gets its sketch from the compiled statistics pass (one read)."""
+    from tensorprobe.stats import _kernel
+    from tensorprobe.stats.sketch import numpy_sketch
+
+    assert BLOCK == _kernel.BLOCK
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, 70_001, dtype=dtype)
+        fused = compute_stats(x, sketch=True).sketch
+        assert np.allclose(fused, numpy_sketch(x.reshape(-1).numpy()), rtol=0, atol=1e-6 * float(x.norm()))
+        assert np.allclose(fused, compute_stats(x[:, ::1].T.contiguous().T, sketch=True).sketch)  # strided: torch

@@ -46,7 +46,7 @@ def compute_stats(tensor: Any, channel_dim: int | None = 1, sketch: bool = False
     if _is_torch(tensor):
         from .torch_backend import torch_stats
 
-        stats = torch_stats(tensor, channel_dim)
+        stats = torch_stats(tensor, channel_dim, sketch)
     else:
         tensor = np.asarray(tensor)
         stats = numpy_stats(tensor, channel_dim)
@@ -67,7 +67,13 @@ def with_sketch(stats: TensorStats, tensor: Any) -> TensorStats:
         return replace(stats, sketch=torch_sketch(flat))
     a = np.asarray(tensor)
     flat = a.reshape(-1) if a.dtype in (np.float32, np.float64) else a.reshape(-1).astype(np.float32)
-    return replace(stats, sketch=numpy_sketch(flat))
+    try:
+        import torch
+    except ImportError:      # NumPy alone (reading a bundle): its own product
+        return replace(stats, sketch=numpy_sketch(flat))
+    from .sketch import torch_sketch
+
+    return replace(stats, sketch=torch_sketch(torch.from_numpy(np.ascontiguousarray(flat))))
 
 
 def tensor_digest(tensor: Any) -> str:

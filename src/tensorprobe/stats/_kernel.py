@@ -76,6 +76,85 @@ def _moments64(x, bits):
     return s, ss, lo, hi
 
 
+@numba.njit(fastmath=_FM, nogil=True, cache=True, error_model="numpy")
+def _block32_rows(x, bits, y, t):
+    """`_block32`, and the block's elements added into `y` times the block's sign `t` (`stats.sketch`)."""
+    s = np.float32(0.0)
+    ss = np.float32(0.0)
+    lo = _I32_HIGH
+    hi = _I32_LOW
+    for i in range(x.shape[0]):
+        v = x[i]
+        s += v
+        ss += v * v
+        y[i] += t * np.float64(v)
+        b = bits[i]
+        k = b ^ ((b >> 31) & np.int32(0x7FFFFFFF))
+        lo = min(lo, k)
+        hi = max(hi, k)
+    return s, ss, lo, hi
+
+
+@numba.njit(fastmath=_FM, nogil=True, cache=True, error_model="numpy")
+def _moments32_rows(x, bits, y, t):
+    n = x.shape[0]
+    total = 0.0
+    total_sq = 0.0
+    lo = _I32_HIGH
+    hi = _I32_LOW
+    for r, start in enumerate(range(0, n, BLOCK)):
+        stop = min(n, start + BLOCK)
+        s, ss, bl, bh = _block32_rows(x[start:stop], bits[start:stop], y[:stop - start], t[r])
+        total += s
+        total_sq += ss
+        lo = min(lo, bl)
+        hi = max(hi, bh)
+    return total, total_sq, lo, hi
+
+
+@numba.njit(fastmath=_FM, nogil=True, cache=True, error_model="numpy")
+def _moments64_rows(x, bits, y, t):
+    s = 0.0
+    ss = 0.0
+    lo = _I64_HIGH
+    hi = _I64_LOW
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):
+        stop = min(n, start + BLOCK)
+        sign = t[start // BLOCK]
+        xb, bb, yb = x[start:stop], bits[start:stop], y[:stop - start]
+        for i in range(xb.shape[0]):
+            v = xb[i]
+            s += v
+            ss += v * v
+            yb[i] += sign * v
+            b = bb[i]
+            k = b ^ ((b >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))
+            lo = min(lo, k)
+            hi = max(hi, k)
+    return s, ss, lo, hi
+
+
+def moments_rows(flat: np.ndarray, signs: np.ndarray) -> tuple[float, float, float, float, np.ndarray]:
+    """`moments`, and in the same pass the signed sum of the array's rows of BLOCK elements (row r times
+    `signs[r]`; the last row may be short): what `stats.sketch` hashes into its buckets. `signs`: a float64 per
+    row; the row sums are float64.
+
+        >>> s, ss, lo, hi, y = moments_rows(np.arange(5, dtype=np.float32), np.array([-1.0]))
+        >>> (s, lo, hi), y[:5].tolist()
+        ((10.0, 0.0, 4.0), [0.0, -1.0, -2.0, -3.0, -4.0])
+    """
+    if flat.dtype == np.float32:
+        y = np.zeros(BLOCK, np.float64)     # float64: rows add up over a long value without rounding
+        s, ss, lo, hi = _moments32_rows(flat, flat.view(np.int32), y, signs)
+        kind = np.float32
+    else:
+        y = np.zeros(BLOCK, np.float64)
+        s, ss, lo, hi = _moments64_rows(flat, flat.view(np.int64), y, signs)
+        kind = np.float64
+    return float(s), float(ss), _key_to_float(lo, kind), _key_to_float(hi, kind), y
+
+
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _moments32_many(x, bits, starts, stops, sums, keys):
     for j in range(starts.shape[0]):

@@ -1,17 +1,20 @@
-"""Random projections of a value: eight numbers that see what statistics cannot, and estimate an error.
+"""A sketch of a value: eight numbers that see what statistics cannot, and estimate an error.
 
 Statistics of a whole tensor (Σx, Σx², min, max) are the same for any reordering of its elements: two output
 channels swapped, a kernel reversed in time, a value transposed. A capture that keeps statistics only (the
-default) then finds a port's permutation one layer late, or not at all. A *sketch* is the value's dot products
-with `SKETCH_SIZE` fixed random ±1 vectors, `p_j = r_j · x`. For two captures of the same value, `a` and `b`,
-`(p_j(a) − p_j(b))²` has expectation ‖a − b‖² for any difference whatever its structure (the signs are pairwise
-independent), so the mean over the projections estimates the relative L2 error between two statistics-only
-captures (`estimate_rel_err`): within a factor ~2 for 8 projections, and a permutation reads as the large
-error it is.
+default) then finds a port's permutation one layer late, or not at all. A *sketch* hashes every element into one
+of `SKETCH_SIZE` buckets with a random sign and keeps the buckets' signed sums (a count sketch). For two captures
+of the same value, `a` and `b`, the sum over buckets of `(z_k(a) − z_k(b))²` has expectation ‖a − b‖² for any
+difference whatever its structure (the signs are pairwise independent), so it estimates the relative L2 error
+between two statistics-only captures (`estimate_rel_err`): within a factor ~2, and a permutation reads as the
+large error it is. The buckets are stored scaled by √SKETCH_SIZE, so that the mean of squared differences is
+the estimate, as for random projections.
 
-The signs are `s_j[i mod BLOCK] · t_j[i div BLOCK]` (two seeded hash tables): any two positions get
-independent products, and the projection is one matrix product of the value, seen as rows of BLOCK elements,
-with the table `t` (`numpy_sketch`, `torch_sketch` on the value's own device), the columns summed in float64.
+Element i, seen as row i div BLOCK and column i mod BLOCK, goes to bucket `bucket[column]` with sign
+`s[column] · t[row]` (seeded hash tables; the row signs make any two elements' signs independent, whatever the
+layout's strides): the signed sum of the value's rows (on the CPU in the statistics kernel's own pass,
+`_kernel.moments_rows`; on another device one matrix-vector product there, `torch_sketch`), then a sum of
+BLOCK numbers into the buckets, in float64.
 
     >>> import numpy as np
     >>> x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
@@ -30,82 +33,90 @@ from typing import Any, Sequence
 import numpy as np
 
 SKETCH_SIZE = 8
-BLOCK = 4093                 # a prime: no common layout's stride is a multiple of it
-_SEED_S, _SEED_T = 0x243F6A8885A308D3, 0x13198A2E03707344
+BLOCK = 4096                 # the statistics kernel's block: one pass gives the moments and the row sums
+_SEED_S, _SEED_T, _SEED_B = 0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0
+
+
+def _hashed(seed: int, count: int) -> np.ndarray:
+    """splitmix64 of (seed, index) for index < count, as uint64."""
+    with np.errstate(over="ignore"):
+        z = np.arange(count, dtype=np.uint64) + np.uint64(seed)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
 
 
 def _signs(seed: int, count: int) -> np.ndarray:
-    """`count` ±1.0 values per projection, (SKETCH_SIZE, count), from splitmix64 of (seed, projection, index)."""
-    i = np.arange(count, dtype=np.uint64)[None, :] + (np.arange(SKETCH_SIZE, dtype=np.uint64)[:, None] << np.uint64(40))
-    with np.errstate(over="ignore"):
-        z = i + np.uint64(seed)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return np.where((z >> np.uint64(63)) == 1, 1.0, -1.0)
+    return np.where((_hashed(seed, count) >> np.uint64(63)) == 1, 1.0, -1.0)
 
 
 @lru_cache(maxsize=1)
-def _within_block() -> np.ndarray:
-    return _signs(_SEED_S, BLOCK)
+def _buckets() -> tuple[np.ndarray, np.ndarray]:
+    """Each column's bucket, and its sign scaled by √SKETCH_SIZE."""
+    bucket = (_hashed(_SEED_B, BLOCK) % np.uint64(SKETCH_SIZE)).astype(np.int64)
+    return bucket, _signs(_SEED_S, BLOCK) * math.sqrt(SKETCH_SIZE)
 
 
-def _per_block(rows: int, dtype: Any = np.float64) -> np.ndarray:
-    """The signs `t` of at least `rows` rows (tables grow by powers of two and are kept), in `dtype`."""
-    return _block_table(max(64, 1 << (rows - 1).bit_length()), np.dtype(dtype).str)
+@lru_cache(maxsize=1)
+def _columns() -> np.ndarray:
+    """(SKETCH_SIZE, BLOCK) float64: column l's scaled sign in its bucket's row, 0 elsewhere (for a device)."""
+    bucket, sign = _buckets()
+    m = np.zeros((SKETCH_SIZE, BLOCK))
+    m[bucket, np.arange(BLOCK)] = sign
+    return m
+
+
+def _rows(count: int, dtype: Any = np.float64) -> np.ndarray:
+    """The row signs `t` of at least `count` rows (tables grow by powers of two and are kept), in `dtype`."""
+    return _row_table(max(64, 1 << (count - 1).bit_length()), np.dtype(dtype).str)
 
 
 @lru_cache(maxsize=16)
-def _block_table(rows: int, dtype: str = "<f8") -> np.ndarray:
-    return _signs(_SEED_T, rows).astype(dtype)
+def _row_table(count: int, dtype: str = "<f8") -> np.ndarray:
+    return _signs(_SEED_T, count).astype(dtype)
+
+
+def row_signs(count: int) -> np.ndarray:
+    """The row signs of a value of `count` rows (float64), for `_kernel.moments_rows`."""
+    return _rows(count)
+
+
+def from_row_sums(y: np.ndarray) -> tuple[float, ...]:
+    """The sketch from the signed sum of a value's rows (BLOCK float64s: `_kernel.moments_rows`). A bincount,
+    not a matrix product: NumPy's BLAS threads would spin between the model's ops."""
+    bucket, sign = _buckets()
+    return tuple(np.bincount(bucket, weights=sign * y, minlength=SKETCH_SIZE).tolist())
 
 
 def numpy_sketch(flat: np.ndarray) -> tuple[float, ...]:
-    """The projections of a flat, finite float32/float64 array. Rows are combined in the array's own precision
-    (a float32 matrix product: rows add at most a few thousand terms each), the columns in float64."""
+    """The sketch of a flat, finite float32/float64 array (the rows' signed sums in the array's precision, the
+    buckets in float64)."""
     n = flat.size
-    if n <= BLOCK:       # most values of a capture: one row, one small product
-        return tuple((_first_row()[:, :n] @ flat.astype(np.float64)).tolist())
-    rows = -(-n // BLOCK)
     whole = n // BLOCK
-    t = _per_block(rows, flat.dtype)
-    acc = (t[:, :whole] @ flat[:whole * BLOCK].reshape(whole, BLOCK)).astype(np.float64)
-    if whole < rows:
-        acc[:, :n - whole * BLOCK] += t[:, whole:whole + 1] * flat[whole * BLOCK:].astype(np.float64)
-    return tuple((acc * _within_block()).sum(axis=1).tolist())
-
-
-@lru_cache(maxsize=1)
-def _first_row() -> np.ndarray:
-    return _within_block() * _per_block(1)[:, :1]
+    t = _rows(whole + 1, flat.dtype)
+    y = np.zeros(BLOCK)
+    if whole:
+        y += t[:whole] @ flat[:whole * BLOCK].reshape(whole, BLOCK)
+    if whole * BLOCK < n:
+        y[:n - whole * BLOCK] += float(t[whole]) * flat[whole * BLOCK:].astype(np.float64)
+    return from_row_sums(y)
 
 
 def torch_sketch(flat: Any) -> tuple[float, ...]:
-    """`numpy_sketch` of a flat, finite float32/float64 torch tensor, on its own device (one transfer of 8
-    numbers); a CPU tensor is read through NumPy (no copy)."""
-    if flat.device.type == "cpu":
-        try:
-            return numpy_sketch(flat.contiguous().numpy())
-        except (RuntimeError, TypeError):   # tensor subclasses NumPy cannot view
-            pass
-    return _on_device(flat)
-
-
-def _on_device(flat: Any) -> tuple[float, ...]:
-    """The projections computed with torch on the tensor's device (a CUDA value is reduced there)."""
+    """`numpy_sketch` of a flat, finite float32/float64 torch tensor, with torch on its own device (one transfer of
+    8 numbers). On the CPU too: NumPy's BLAS threads spin after each product and starve the model's own threads
+    between its ops."""
     import torch
 
     n = flat.numel()
-    rows = -(-n // BLOCK)
     whole = n // BLOCK
-    t = _device_table(_per_block(rows), flat.device, flat.dtype)[:, :rows]
-    s = _device_table(_within_block(), flat.device, torch.float64)
-    acc = torch.zeros((SKETCH_SIZE, BLOCK), dtype=torch.float64, device=flat.device)
+    y = torch.zeros(BLOCK, dtype=torch.float64, device=flat.device)
     if whole:
-        acc += (t[:, :whole] @ flat[:whole * BLOCK].reshape(whole, BLOCK)).double()
-    if whole < rows:
-        acc[:, :n - whole * BLOCK] += t[:, whole:whole + 1].double() * flat[whole * BLOCK:].double()
-    return tuple((acc * s).sum(dim=1).tolist())
+        t = _device_table(_rows(whole + 1), flat.device, flat.dtype)[:whole]
+        y += (t @ flat[:whole * BLOCK].reshape(whole, BLOCK)).double()
+    if whole * BLOCK < n:
+        y[:n - whole * BLOCK] += float(_rows(whole + 1)[whole]) * flat[whole * BLOCK:].double()
+    return tuple((_device_table(_columns(), flat.device, torch.float64) @ y).tolist())
 
 
 def _device_table(table: np.ndarray, device: Any, dtype: Any) -> Any:
