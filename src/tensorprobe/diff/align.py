@@ -34,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import InputError
 from ..ops import ALIAS_OPS, canonical_op
@@ -46,8 +46,10 @@ from .explain import family
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
 MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "position"
-# a weight paired through the one module that reads it; `_T`: the port holds it transposed (ONNX MatMul's B)
-MATCH_READER, MATCH_READER_T = "reader", "reader_transposed"
+# a weight paired through the one module that reads it; `_T`: the port holds it transposed (ONNX MatMul's B);
+# `_REPACKED`: an ONNX LSTM/GRU/RNN's W or R, its gates in another order (compared by statistics)
+MATCH_READER, MATCH_READER_T, MATCH_READER_REPACKED = "reader", "reader_transposed", "reader_repacked"
+_RECURRENT_OPS = {"LSTM": "LSTM", "GRU": "GRU", "RNN": "RNN"}
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,7 @@ def _match_readers(refs: list[Record], cands: list[Record], everything: list[Rec
     free = {c.name: c for c in cands if c.name not in used}
     if not free:
         return
+    _match_recurrent(refs, free, everything, matched, used)
     read_in: dict[str, set[str]] = {}
     read_as_b: set[str] = set()
     for rec in everything:
@@ -292,6 +295,38 @@ def _match_readers(refs: list[Record], cands: list[Record], everything: list[Rec
         transposed = tuple(r.shape) != tuple(c.shape) or (len(c.shape) == 2 and name in read_as_b)
         matched[r.name] = (c, MATCH_READER_T if transposed else MATCH_READER)
         used.add(c.name)
+
+
+def _match_recurrent(refs: list[Record], free: dict[str, Record], everything: list[Record], matched: dict,
+                     used: set[str]) -> None:
+    """An ONNX LSTM/GRU/RNN node reads its layer's input and recurrent weights as W and R (inputs 1 and 2), of
+    shape (1, gates·H, ·): the k-th such node of module M is layer k of M's `weight_ih_lk` and `weight_hh_lk`, its
+    gates re-packed in ONNX's order (iofc for PyTorch's ifgo). A bidirectional node (2, ...) is left alone."""
+    by_name = {r.name: r for r in refs}
+    layer: dict[str, int] = {}
+    for rec in sorted(everything, key=lambda r: r.order):
+        if rec.kind in WEIGHT_KINDS or rec.op not in _RECURRENT_OPS or len(rec.inputs) < 3:
+            continue
+        module = rec.module or ""
+        k = layer[module] = layer.get(module, -1) + 1
+        for name, ref_name in ((rec.inputs[1], f"{module}.weight_ih_l{k}"), (rec.inputs[2], f"{module}.weight_hh_l{k}")):
+            c, r = free.get(name), by_name.get(ref_name)
+            if c is None or r is None or r.name in matched or c.name in used:
+                continue
+            if tuple(c.shape) == (1, *r.shape):
+                matched[r.name] = (c, f"{MATCH_READER_REPACKED}:{rec.op}")
+                used.add(c.name)
+
+
+# the rows of each gate of ONNX's W and R in PyTorch's order: LSTM iofc -> ifgo, GRU zrh -> rzn
+ONNX_GATES_IN_TORCH_ORDER = {"LSTM": (0, 2, 3, 1), "GRU": (1, 0, 2), "RNN": (0,)}
+
+
+def torch_gate_order(value: Any, op: str) -> Any:
+    """An ONNX recurrent weight (1, gates·H, ·) with its gate blocks in PyTorch's order, as (gates·H, ·)."""
+    order = ONNX_GATES_IN_TORCH_ORDER[op]
+    blocks = value.reshape(len(order), -1, *value.shape[2:])
+    return blocks[list(order)].reshape(-1, *value.shape[2:])
 
 
 def _fits(ref: Sequence[int], cand: Sequence[int]) -> bool:

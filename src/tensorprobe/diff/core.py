@@ -29,8 +29,8 @@ from ..errors import InputError
 from ..record import KIND_MODEL_OUTPUT, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
-from .align import (MATCH_READER_T, Pair, Rule, align, declared_outputs, inconsistent_order_pairs, load_rules, parse_rule,
-                    parse_rules, same_shape)
+from .align import (MATCH_READER_REPACKED, MATCH_READER_T, Pair, Rule, align, declared_outputs,
+                    inconsistent_order_pairs, load_rules, parse_rule, parse_rules, same_shape, torch_gate_order)
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .fusion import fused_successors, held_transposed
@@ -151,11 +151,19 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
             return replace(found, status=STATUS_FAIL, reasons=found.reasons + (
                 "only its finiteness is compared: " + not_comparable.removeprefix("not comparable: "),))
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable,))
+    if pair.method.startswith(MATCH_READER_REPACKED):
+        # a recurrent weight in ONNX's gate order: values compared in PyTorch's order; statistics hold as well
+        if r.has_tensor and c.has_tensor:
+            op = pair.method.split(":", 1)[1]
+            return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor,
+                                   layout=lambda a: torch_gate_order(a, op))
+        return _compare_stats(pair, criteria, base, floor, fingerprint=False)
     if pair.method == MATCH_READER_T:
         # a weight the port holds transposed (paired through its reader): values compared in the reference's
         # layout; statistics hold under a transpose, its bytes' fingerprint does not
         if r.has_tensor and c.has_tensor:
-            return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor, transposed=True)
+            return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor,
+                                   layout=lambda a: np.ascontiguousarray(a.T))
         return _compare_stats(pair, criteria, base, floor, fingerprint=False)
     if not same_shape(r.shape, c.shape):
         shapes = f"shape {_shape(r.shape)} vs {_shape(c.shape)}"
@@ -198,12 +206,13 @@ def _output_rule(r: Record, criteria: Criteria, reduced: str | None) -> Criteria
 
 def _compare_values(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, angle: bool,
                     db_scale: str | None, base: dict, floor: float | None,
-                    output_rule: Criteria | None = None, transposed: bool = False) -> PairResult:
+                    output_rule: Criteria | None = None,
+                    layout: Callable[[np.ndarray], np.ndarray] | None = None) -> PairResult:
     r, c = pair.ref, pair.cand
     exact = value_kind(r) in (INT, BOOL)
     rt, ct = ref_b.numpy(r.name), cand_b.numpy(c.name)
-    if transposed:
-        ct = np.ascontiguousarray(ct.T)
+    if layout is not None:      # the candidate's value in the reference's layout (a weight the port re-lays)
+        ct = np.ascontiguousarray(layout(ct))
     if exact:
         sums = accumulate(rt, ct, shift_r=_shift(r), shift_c=_shift(c), floor=_floor(r), atol=0.0, rtol=0.0)
     else:
