@@ -30,7 +30,7 @@ from .align import Alignment, Pair
 from .evidence import CAND_ONLY, UNPAIRED
 from .explain import family
 from .layout import TAG_LAYOUT
-from .noise import CAUSE_OWN, CAUSE_WEIGHTS, OWN_MARGIN
+from .noise import CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_WEIGHTS, OWN_MARGIN
 from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
                      TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN, PairResult)
 
@@ -150,6 +150,13 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
             for w in ws:
                 folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
                                   f"agrees{how}: the port folded it into what follows")
+        elif after is not None and after.failed and after.cause in (CAUSE_INHERITED, CAUSE_AMPLIFIED):
+            # what follows fails by the error it inherits from before: it cannot tell a folded weight from a bad
+            # one, and an exporter's folding is what a weight with no value of its reader's own most likely is
+            for w in ws:
+                folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
+                                  f"fails by the error it inherits from {after.origin or 'before it'}: the port "
+                                  "folded it into what follows, or it differs too; this run cannot tell")
     if not folded and not failed_on:
         return forward, weights
     forward = [failed_on.get(p.name, p) for p in forward]

@@ -99,7 +99,7 @@ def _weight_counts(r: DiffReport, identical: int) -> str:
     plain = len(stats) - len(deq) - sum(converted.values())
     folded = sum(1 for p in r.weights if p.failed and TAG_FOLDED in p.tags)
     if folded:
-        parts.append(f"{folded:,} folded by the port: they differ, what reads them agrees")
+        parts.append(f"{folded:,} folded by the port: they differ, and what reads them shows no difference of its own")
     if deq:
         parts.append(f"{len(deq):,} dequantized from integers, within a quantisation step as far as statistics tell")
     parts += [f"{n:,} converted to {dtype}, within its rounding as far as statistics tell"
