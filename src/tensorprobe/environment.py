@@ -143,7 +143,9 @@ def explain(ref: dict[str, Any] | None, cand: dict[str, Any] | None) -> list[str
         fix = "" if emulated else f"; set {flags} to compare at float32"
         notes.append(f"the {side} ran {ops} in {'emulated ' if emulated else ''}TF32 (10-bit mantissa): expect "
                      f"~1e-3 relative error per op, which the noise rule allows for{fix}")
-    r_dt, c_dt = set(ref.get("dtypes") or ()), set(cand.get("dtypes") or ())
+    # the floating dtypes: an integer buffer one side keeps (BatchNorm's num_batches_tracked, int64, which an
+    # export drops) is no arithmetic
+    r_dt, c_dt = ({d for d in env.get("dtypes") or () if _floating(d)} for env in (ref, cand))
     if r_dt and c_dt and r_dt != c_dt:
         notes.append(f"the runs computed in different dtypes ({', '.join(sorted(r_dt))} vs {', '.join(sorted(c_dt))}): "
                      "differences at the rounding level of the coarser one are expected")
@@ -177,3 +179,8 @@ def cpu_count() -> int:
 
 
 __all__ = ["UNIT_ROUNDOFF", "arithmetic", "collect", "emulating", "explain", "same_arithmetic"]
+
+
+def _floating(dtype: str) -> bool:
+    """float16, bfloat16, float32, float64, the float8 kinds; complex too (its parts are floats)."""
+    return dtype.startswith(("float", "bfloat", "complex"))
