@@ -148,7 +148,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "that moves its own module's output by less than 1e-4 (float32 ports), 3e-2 (float16) or 0.15 (bfloat16)",
         "is *void*: it has no truth to find on that port, and is not scored.",
         "",
-        "Statistics captures carry a sketch of every value they do not keep (8 random projections,",
+        "Statistics captures carry a sketch of every value they do not keep (8 signed sums of its hashed elements,",
         "`src/tensorprobe/stats/sketch.py`): it sees a permutation or a kernel reversed in time, which full-tensor",
         "statistics cannot, and estimates the error between two statistics-only captures.",
         "",

@@ -1,5 +1,5 @@
-"""Sketches (stats/sketch.py): random projections that see what full-tensor statistics cannot (a permutation,
-a kernel reversed in time) and estimate the error between two statistics-only captures."""
+"""Sketches (stats/sketch.py): 8 signed sums of hashed elements that see what full-tensor statistics cannot
+(a permutation, a kernel reversed in time) and estimate the error between two statistics-only captures."""
 
 from __future__ import annotations
 

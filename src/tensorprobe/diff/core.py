@@ -286,7 +286,7 @@ def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | No
         if not b.nonfinite_differ and limit is not None and estimate > max(SKETCH_MARGIN * limit, SKETCH_MIN_ERROR):
             beyond = not reasons
             reasons.append(f"relative error about {estimate:.2g} (SNR about {_snr(estimate):.1f} dB), estimated from "
-                           f"{SKETCH_SIZE} random projections of each value" + (f", > {limit:.3g}" if limit else ""))
+                           f"the two sketches ({SKETCH_SIZE} signed sums of each value's hashed elements)" + (f", > {limit:.3g}" if limit else ""))
     if criteria.elementwise and b.max_abs_err_lower is not None:
         allowed = (criteria.atol or 0.0) + (criteria.rtol or 0.0) * float(r.stats.absmax or 0.0)
         if b.max_abs_err_lower > allowed:

@@ -37,8 +37,9 @@ def compute_stats(tensor: Any, channel_dim: int | None = 1, sketch: bool = False
         channel_dim: the dimension whose slices are analysed for being entirely non-finite
             (the fingerprint of a broken per-channel normalization). Used for tensors of rank >= 2;
             `None` disables the analysis.
-        sketch: also its random projections (`stats.sketch`), for a finite float value: what a capture
-            records, so that two statistics-only captures see a permutation and estimate their error.
+        sketch: also its sketch (`stats.sketch`: 8 signed sums of its hashed elements), for a finite float
+            value: what a capture records, so that two statistics-only captures see a permutation and estimate
+            their error.
 
     Returns:
         A `TensorStats`.

@@ -34,7 +34,7 @@ class TensorStats:
     nonfinite_channels: int = 0
     partial_nonfinite_channels: int = 0
     nonfinite_channel_idx: tuple[int, ...] = field(default_factory=tuple)
-    # random projections of a finite float value (`stats.sketch`): what a permutation changes; None: not made
+    # the sketch of a finite float value (`stats.sketch`): what a permutation changes; None: not made
     sketch: tuple[float, ...] | None = None
 
     @classmethod
