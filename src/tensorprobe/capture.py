@@ -47,7 +47,7 @@ from .bundle.lock import refuse_if_locked
 from .bundle.writer import BundleWriter, describe_inputs
 from .environment import collect as collect_environment
 from .errors import BundleError, InputError
-from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_MADE_IN,
+from .record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, TAG_INPUTS_MADE_IN, TAG_OWN_CODE,
                      TAG_INPUTS_UNRECORDED, TAG_NONFINITE_CONSTANT, TAG_QUANTIZED,
                      TAG_REPLAYED, WEIGHT_KINDS, Record, dtype_name, module_label, record_name)
 from .stats import compute_stats, tensor_digest
@@ -482,6 +482,8 @@ class Capture:
                 if unrecorded else ()
             if is_quantized_module(module):
                 tags += (TAG_QUANTIZED,)
+            if not type(module).__module__.startswith("torch."):
+                tags += (TAG_OWN_CODE,)   # the model's own class: its forward is code no torch type describes
             with self._paused():
                 for i, t in enumerate(flat):
                     rec.record(t, name=record_name(path, call, output=i if len(flat) > 1 else None),

@@ -48,6 +48,7 @@ TAG_DERIVED = "derived"
 # Tag of a runtime record made by quantized arithmetic (QuantizeLinear/DequantizeLinear, an int8 kernel and the
 # rescale after it): its difference from a float reference is quantization error, expected of an int8 port.
 TAG_QUANTIZED = "quantized"
+TAG_OWN_CODE = "own_code"   # a module record of a class defined outside torch: code the noise model cannot know
 # Tag prefix of a weight dequantised from integers, followed by its largest quantisation step (the scale):
 # rounding to that step is what the conversion explains.
 TAG_QSTEP = "qstep:"

@@ -150,9 +150,10 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
             for w in ws:
                 folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
                                   f"agrees{how}: the port folded it into what follows")
-        elif after is not None and after.failed and after.cause in (CAUSE_INHERITED, CAUSE_AMPLIFIED):
-            # what follows fails by the error it inherits from before: it cannot tell a folded weight from a bad
-            # one, and an exporter's folding is what a weight with no value of its reader's own most likely is
+        elif after is not None and after.failed and after.cause in (CAUSE_INHERITED, CAUSE_AMPLIFIED) and \
+                family(after.op) == "norm":
+            # the norm that follows fails by the error it inherits from before: it cannot tell a weight the
+            # exporter folded it into from a bad one, and folding is what exporters do to a conv before a norm
             for w in ws:
                 folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
                                   f"fails by the error it inherits from {after.origin or 'before it'}: the port "

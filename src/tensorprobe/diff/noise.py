@@ -73,7 +73,8 @@ from typing import Iterable, Mapping
 
 from ..environment import CONV, MATMUL, UNIT_ROUNDOFF, arithmetic, same_arithmetic
 from ..ops import canonical_op
-from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, ROOT, TAG_DERIVED, TAG_QSTEP, TAG_QUANTIZED,
+from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, ROOT, TAG_DERIVED, TAG_OWN_CODE, TAG_QSTEP,
+                      TAG_QUANTIZED,
                       WEIGHT_KINDS, Record)
 from .compat import rms
 from .explain import HUGE_GAIN, dot_cancellation, family, norm_gain, sigmoid_gain
@@ -82,8 +83,8 @@ NOISE_UNITS = 32
 LOCAL_UNITS = 8
 OWN_MARGIN = 4.0
 WEIGHT_UNITS = 2
-# A module of a type this model does not know, whose call no record shows inside (its own code: a custom leaf
-# at module level), rounds like this many ops: PESTO's log-magnitude front end (20·log10 of CQT magnitudes down to
+# A module of the model's own class (tag `own_code`: not a torch type), whose call no record shows inside (its
+# own code: a custom leaf at module level), rounds like this many ops: PESTO's log-magnitude front end (20·log10 of CQT magnitudes down to
 # 1e-10) in a faithful ONNX export differs by 4.6e-6 from float32 PyTorch, where one op's rounding models 1.9e-6:
 # a log turns each small element's relative rounding into absolute error. --level op models its ops one by one.
 UNSEEN_CODE_UNITS = 8
@@ -318,7 +319,8 @@ def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precisio
         if r.op.startswith("module:"):  # every output of one call (`m:0`, `m:1`) sees what ran inside it
             depth = max(depth, last_depth + 1)    # what ran just before it ran inside its call
             if taken.get(r.module, (None,))[0] != r.call:
-                unseen[r.module] = r.module not in inside and fam == "other" and bool(r.module)
+                unseen[r.module] = r.module not in inside and fam == "other" and bool(r.module) and \
+                    TAG_OWN_CODE in r.tags
                 taken[r.module] = (r.call, inside.pop(r.module, 0.0))
             if unseen.get(r.module) and unit <= SAME_PRECISION_ROUNDOFF:   # its code, unseen, rounds more than one op
                 rounding = max(rounding, own * UNSEEN_CODE_UNITS)

@@ -411,8 +411,11 @@ class DiffReport:
         if TAG_PORT_OP in p.tags and p.origin:
             return parse_name(p.origin)[0]
         w = next((w for w in self.weights if w.name == p.origin), None) if p.cause == "weights" else None
+        # ... a module the reference ran (records of its own, none paired: the port has no value there), not one
+        # whose weight a parent reads without calling it (MultiheadAttention's out_proj)
         if w is not None and w.module and not _within(own, w.module) and not any(
-                q.compared and _within(q.module, w.module) for q in self.pairs):
+                q.compared and _within(q.module, w.module) for q in self.pairs) and any(
+                _within(parse_name(n)[0], w.module) for n in self.ref_only):
             return w.module
         return own
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..arrays import is_torch_tensor as _is_torch
 from .core import FLOAT_KIND, MAX_CHANNEL_IDX, TensorStats
 from .numpy_backend import numpy_digest, numpy_stats
-from .sketch import numpy_sketch
+from .sketch import cpu_sketch
 
 def compute_stats(tensor: Any, channel_dim: int | None = 1, sketch: bool = False) -> TensorStats:
     """Statistics of every element of `tensor` (torch or NumPy), in one or two passes.
@@ -55,26 +55,24 @@ def compute_stats(tensor: Any, channel_dim: int | None = 1, sketch: bool = False
 
 
 def with_sketch(stats: TensorStats, tensor: Any) -> TensorStats:
-    """`stats` with the sketch of `tensor` (its value), when it is a finite float value of 2 or more elements."""
+    """`stats` with the sketch of `tensor` (its value), when it is a finite float value of 2 or more elements. On
+    the CPU the statistics kernel's pass makes it (float64 row sums, as `compute_stats` does on the way); a value
+    on another device is reduced there by torch."""
     if stats.kind != FLOAT_KIND or not stats.all_finite or stats.numel < 2 or stats.sketch is not None:
         return stats
     if _is_torch(tensor):
         import torch
 
-        from .sketch import torch_sketch
-
         t = tensor.detach()
-        flat = t.reshape(-1) if t.dtype in (torch.float32, torch.float64) else t.reshape(-1).float()
-        return replace(stats, sketch=torch_sketch(flat))
-    a = np.asarray(tensor)
-    flat = a.reshape(-1) if a.dtype in (np.float32, np.float64) else a.reshape(-1).astype(np.float32)
-    try:
-        import torch
-    except ImportError:      # NumPy alone (reading a bundle): its own product
-        return replace(stats, sketch=numpy_sketch(flat))
-    from .sketch import torch_sketch
+        if t.device.type != "cpu":
+            from .sketch import torch_sketch
 
-    return replace(stats, sketch=torch_sketch(torch.from_numpy(np.ascontiguousarray(flat))))
+            flat = t.reshape(-1) if t.dtype in (torch.float32, torch.float64) else t.reshape(-1).float()
+            return replace(stats, sketch=torch_sketch(flat))
+        tensor = t.contiguous().numpy() if t.dtype in (torch.float32, torch.float64) else t.float().numpy()
+    a = np.asarray(tensor)
+    flat = np.ascontiguousarray(a.reshape(-1) if a.dtype in (np.float32, np.float64) else a.reshape(-1).astype(np.float32))
+    return replace(stats, sketch=cpu_sketch(flat))
 
 
 def tensor_digest(tensor: Any) -> str:

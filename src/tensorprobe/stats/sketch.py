@@ -88,6 +88,14 @@ def from_row_sums(y: np.ndarray) -> tuple[float, ...]:
     return tuple(np.bincount(bucket, weights=sign * y, minlength=SKETCH_SIZE).tolist())
 
 
+def cpu_sketch(flat: np.ndarray) -> tuple[float, ...]:
+    """The sketch of a flat, contiguous, finite float32/float64 array, by the statistics kernel (one pass, float64
+    row sums: what a capture computes on the way to its statistics)."""
+    from ._kernel import moments_rows
+
+    return from_row_sums(moments_rows(flat, row_signs(-(-flat.size // BLOCK)))[4])
+
+
 def numpy_sketch(flat: np.ndarray) -> tuple[float, ...]:
     """The sketch of a flat, finite float32/float64 array (the rows' signed sums in the array's precision, the
     buckets in float64)."""
@@ -141,4 +149,5 @@ def estimate_rel_err(a: Sequence[float], b: Sequence[float], ref_sumsq: float) -
     return math.sqrt(mean_sq / ref_sumsq) if math.isfinite(mean_sq) else None
 
 
-__all__ = ["BLOCK", "SKETCH_SIZE", "estimate_rel_err", "numpy_sketch", "torch_sketch"]
+__all__ = ["BLOCK", "SKETCH_SIZE", "cpu_sketch", "estimate_rel_err", "from_row_sums", "numpy_sketch", "row_signs",
+           "torch_sketch"]
