@@ -32,6 +32,7 @@ from .compat import rms
 from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .fusion import folded_note, folded_predecessors, judge_weight_readers, missing_weights, readers_of
 from .port_ops import changed_by_port_ops
+from ..stats.sketch import ESTIMATE_MARGIN
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
@@ -601,9 +602,6 @@ def _promote_amplifiers(results: list[PairResult], by_name: dict[str, Record]) -
                 f"makes {sources[p.name]} diverge",))
         out.append(p)
     return out
-
-
-ESTIMATE_MARGIN = 3.0   # a sketch's estimate of an error (stats.sketch) reads low by less than this
 
 
 def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record]) -> PairResult:

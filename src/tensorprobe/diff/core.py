@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from ..bundle import Bundle
-from ..stats.sketch import SKETCH_SIZE, estimate_rel_err
+from ..stats.sketch import ESTIMATE_MARGIN, SKETCH_SIZE, estimate_rel_err
 from ..environment import explain as explain_environment
 from ..errors import InputError
 from ..record import KIND_MODEL_OUTPUT, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
@@ -44,9 +44,9 @@ from .result import (METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STA
 
 ANGLE_OPS = ("atan2", "angle")
 _EPS32 = 1.1920929e-07
-# a sketch's estimate fails a pair only far above its limit: 8 projections estimate the error within a factor
-# ~2 (the square of the estimate is a mean of 8 squares), and float32 products round at ~4e-7 of the value
-SKETCH_MARGIN, SKETCH_MIN_ERROR = 3.0, 1e-5
+# a sketch's estimate fails a pair only far above its limit (`sketch.ESTIMATE_MARGIN`) and above what rounding
+# of its float32 inputs leaves in it
+SKETCH_MIN_ERROR = 1e-5
 
 
 def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
@@ -283,7 +283,7 @@ def _compare_stats(pair: Pair, criteria: Criteria, base: dict, floor: float | No
     estimate = _sketch_estimate(r, c, fingerprint)
     if estimate is not None:
         metrics["rel_l2_err_estimate"] = estimate
-        if not b.nonfinite_differ and limit is not None and estimate > max(SKETCH_MARGIN * limit, SKETCH_MIN_ERROR):
+        if not b.nonfinite_differ and limit is not None and estimate > max(ESTIMATE_MARGIN * limit, SKETCH_MIN_ERROR):
             beyond = not reasons
             reasons.append(f"relative error about {estimate:.2g} (SNR about {_snr(estimate):.1f} dB), estimated from "
                            f"the two sketches ({SKETCH_SIZE} signed sums of each value's hashed elements)" + (f", > {limit:.3g}" if limit else ""))

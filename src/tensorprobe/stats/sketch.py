@@ -33,6 +33,9 @@ from typing import Any, Sequence
 import numpy as np
 
 SKETCH_SIZE = 8
+# an estimate reads low or high by less than this factor but with negligible odds (its square is a mean of 8
+# squares): `diff` fails a pair on it only above this many times its limit, and credits an input with this much
+ESTIMATE_MARGIN = 3.0
 BLOCK = 4096                 # the statistics kernel's block: one pass gives the moments and the row sums
 _SEED_S, _SEED_T, _SEED_B = 0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0
 
@@ -149,5 +152,5 @@ def estimate_rel_err(a: Sequence[float], b: Sequence[float], ref_sumsq: float) -
     return math.sqrt(mean_sq / ref_sumsq) if math.isfinite(mean_sq) else None
 
 
-__all__ = ["BLOCK", "SKETCH_SIZE", "cpu_sketch", "estimate_rel_err", "from_row_sums", "numpy_sketch", "row_signs",
+__all__ = ["BLOCK", "ESTIMATE_MARGIN", "SKETCH_SIZE", "cpu_sketch", "estimate_rel_err", "from_row_sums", "numpy_sketch", "row_signs",
            "torch_sketch"]
