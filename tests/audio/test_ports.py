@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from .audio_signals import as_stored, at_level, statuses
-from tensorprobe.audio import check
+from tensorprobe.audio import Thresholds, check
 
 pytestmark = pytest.mark.slow
 SR = 24_000
@@ -51,13 +51,20 @@ def stored(x, level_dbfs, dtype):
 def test_a_ports_output_keeps_its_verdicts_at_every_level(port_outputs, port, dtype):
     """(Random weights and a silenced source make this decoder's output noise-like: flatness ~0.68, an error
     that stays an error at every level, as it must; its noise source is drawn anew each run, and some draws
-    leave a mean of ~5% of the peak: a dc_offset warning, at every level too.)"""
+    leave a mean of ~5% of the peak: a dc_offset warning, at every level too; and some a crest factor above 20 dB,
+    whose RMS at a -50 dBFS peak is below the mostly-silent line.)"""
     x = port_outputs[port]
     reference = check(stored(x, -20, dtype), SR)
     assert {v.check for v in reference.verdicts if v.fired} <= {"noise_like", "dc_offset"}, reference.summary()
     for level in LEVELS:
         r = check(stored(x, level, dtype), SR)
-        assert statuses(r) == statuses(reference), (level, r.summary())
+        got, want = statuses(r), statuses(reference)
+        # The one absolute rule: an RMS below silence_rms_dbfs is "mostly silent" whatever the peak. Some draws
+        # of the fp16 port's noise have a crest factor above 20 dB, so at a -50 dBFS peak their RMS is below -70.
+        mostly_silent = r.figures["rms_dbfs"] < Thresholds().silence_rms_dbfs
+        assert got.pop("silence") == ("warning" if mostly_silent else want["silence"]), (level, r.summary())
+        want.pop("silence")
+        assert got == want, (level, r.summary())
         assert bool(r.notes) == (r.figures["peak_dbfs"] < -40)
 
 
