@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,6 +192,62 @@ def test_cand_bad_input_is_a_clear_error(target, tmp_path):
         bad = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", f"{file}:plain", "-o",
                               str(tmp_path / "bad"), *args], capture_output=True, text=True)
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+SIBLING_MODEL = textwrap.dedent('''
+    import torch
+
+    class Gain(torch.nn.Module):
+        def __init__(self, gain=1.0):
+            super().__init__(); torch.manual_seed(0); self.c = torch.nn.Conv1d(1, 4, 3); self.gain = gain
+        def forward(self, x):
+            return self.c(x) * self.gain
+''')
+
+SIBLING_SWEEP = textwrap.dedent('''
+    import torch
+    from tensorprobe.sweep import Sweep
+    from my_model import Gain           # a module beside this file, the usual layout
+
+    NAMES = ["spk1/a", "spk1_a", "Spk1_A", "spk1_a "]
+
+    def build():
+        g = torch.Generator().manual_seed(0)
+        return Sweep(Gain().eval(), {n: (torch.randn(1, 1, 64, generator=g) * (k + 1),) for k, n in enumerate(NAMES)})
+
+    def port():
+        return Gain(gain=1.01).eval()
+''')
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_sweep_file_imports_its_siblings_and_items_whose_names_differ_in_case_or_slashes_keep_apart(
+        tmp_path, monkeypatch, workers):
+    """Run from another directory, with nothing on PYTHONPATH: the sweep file imports `my_model` beside it.
+    Four items whose names differ only by '/', case or a trailing space each keep their own bundle."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "my_model.py").write_text(SIBLING_MODEL)
+    (tmp_path / "proj" / "sweep_me.py").write_text(SIBLING_SWEEP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    file = "proj/sweep_me.py"
+    summary = sweep(f"{file}:build", tmp_path / "out", cand=f"{file}:port", workers=workers)
+    latest = ResultStore(tmp_path / "out").read()
+    assert summary.done == 4 and all(r["finding"] for r in latest.values())
+    bundles = {r["bundle"] for r in latest.values()}
+    assert len(bundles) == 4 and all(len(list(Path(b).glob("*/manifest.json"))) == 2 for b in bundles), bundles
+    assert latest["spk1_a"]["bundle"].endswith("bundles/spk1_a")      # a plain name is its own directory
+    faithful = sweep(f"{file}:build", tmp_path / "same", workers=workers)
+    assert faithful.done == 4 and not faithful.finding
+
+
+def test_a_sweep_file_whose_sibling_is_missing_names_the_users_file(tmp_path):
+    (tmp_path / "sweep_me.py").write_text(SIBLING_SWEEP)
+    bad = subprocess.run([sys.executable, "-m", "tensorprobe", "sweep", str(tmp_path / "sweep_me.py") + ":build",
+                          "-o", str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert f"{tmp_path / 'sweep_me.py'}" in bad.stderr and "No module named 'my_model'" in bad.stderr
+    assert "tensorprobe-sweep-" not in bad.stderr, bad.stderr
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tensorprobe.sweep import ResultStore, sweep
+from tensorprobe.sweep.tiers import TIER1_REL_MAX
 from tests.sweep.test_sweep import SWEEP_FILE
 
 EXTRA = textwrap.dedent('''
@@ -179,10 +180,11 @@ CLICK_SWEEP = textwrap.dedent('''
 ''')
 
 
-def test_a_click_within_float32_rounding_overall_is_sent_to_tier_2_by_its_audio_diff(tmp_path):
-    """A 5e-3 click in a silent gap is 1e-4 of the signal's energy: tier 1's relative error lets it through,
-    its audio diff does not. The clean items are settled at tier 1 with the audio diff verdict (identical: no
-    sample differs), the clicked ones are captured and are findings, their audio diff saying so."""
+def test_a_click_within_float32_rounding_overall_is_sent_to_tier_2_by_the_block_it_sits_in(tmp_path):
+    """A 5e-3 click in a silent gap is 1e-4 of the signal's energy: the whole output's relative error lets it
+    through, the 64-sample block it sits in does not. The clean items are settled at tier 1 with the audio
+    diff verdict (identical: no sample differs), the clicked ones are captured and are findings, their audio
+    diff saying so."""
     (tmp_path / "clicks.py").write_text(CLICK_SWEEP)
     summary = sweep(f"{tmp_path / 'clicks.py'}:build", tmp_path / "out", workers=1)
     latest = ResultStore(tmp_path / "out").read()
@@ -191,7 +193,7 @@ def test_a_click_within_float32_rounding_overall_is_sent_to_tier_2_by_its_audio_
             assert rec["tier"] == 1 and not rec["finding"]
             assert rec["audio"]["diff"] == "identical" and "16-bit PCM step" in rec["audio"]["diff_by"]
         else:
-            assert rec["tier"] == 2 and rec["tier1"] == "output: audio diff finds a difference"
+            assert rec["tier"] == 2 and "from index" in rec["tier1"] and "whole output" in rec["tier1"], rec
             assert rec["finding"] and rec["audio"]["diff"] == "differs", rec
     assert summary.findings == 2 and summary.audio == {"identical": 3, "differs": 2}
 
@@ -299,3 +301,65 @@ def test_results_of_another_sweep_an_empty_sweep_and_a_wrong_candidate_are_refus
     (tmp_path / "wrong.py").write_text(SWEEP_FILE + "\ndef tensor():\n    return torch.zeros(3)\n")
     with pytest.raises(TargetError, match="must return a torch.nn.Module"):
         sweep(f"{sweep_file}:plain", tmp_path / "w", workers=1, cand=f"{tmp_path / 'wrong.py'}:tensor")
+
+
+LATE_FRAMES_SWEEP = textwrap.dedent('''
+    import torch
+    from torch import nn
+    from tensorprobe.sweep import Sweep
+
+    class Smooth(nn.Module):
+        """Causal running mean over time of a (1, C, T) value; `table` frames of divisors, then the last again."""
+        def __init__(self, table=None):
+            super().__init__(); self.table = table
+        def forward(self, h):
+            n = torch.arange(1, h.shape[-1] + 1, dtype=h.dtype)
+            return h.cumsum(-1) / (n if self.table is None else n.clamp(max=self.table))
+
+    class Net(nn.Module):
+        def __init__(self, table=None, split=False):
+            super().__init__(); torch.manual_seed(3)
+            self.pre, self.smooth, self.post = nn.Conv1d(16, 24, 3, padding=1), Smooth(table), nn.Conv1d(48, 16, 1)
+            self.split = split
+        def forward(self, x):
+            h = torch.tanh(self.pre(x))
+            z = torch.cat([h, self.smooth(h)], 1)
+            if self.split:            # the same sum in two halves: float32 rounding, nothing more
+                w, b = self.post.weight, self.post.bias
+                return (nn.functional.conv1d(z[:, :24], w[:, :24]) + nn.functional.conv1d(z[:, 24:], w[:, 24:])
+                        + b[None, :, None])
+            return self.post(z)
+
+    def make(name):
+        t = int(name[1:])
+        return (torch.randn(1, 16, t, generator=torch.Generator().manual_seed(t)),)
+
+    NAMES = ["t150", "t300", "t301", "t303", "t320"]
+
+    def faithful():
+        return Sweep(Net().eval(), NAMES, inputs=make, candidate=Net(split=True).eval())
+
+    def table_port():
+        return Sweep(Net().eval(), NAMES, inputs=make, candidate=Net(table=300).eval())
+''')
+
+
+@pytest.mark.parametrize("factory", ["faithful", "table_port"])
+def test_an_error_in_a_few_late_frames_is_not_diluted_by_the_frames_that_agree(tmp_path, factory):
+    """A port whose divisor table ends at 300 frames differs only in the frames past 300: in an item of 301
+    frames that is 1 frame in 301, below float32 rounding over the whole output, yet a real divergence at
+    `smooth`. Tier 1 judges each frame (and channel) too, so those items are captured and found; a faithful
+    port that only sums in another order stays at tier 1 at every length."""
+    (tmp_path / "late.py").write_text(LATE_FRAMES_SWEEP)
+    summary = sweep(f"{tmp_path / 'late.py'}:{factory}", tmp_path / "out", workers=1)
+    latest = ResultStore(tmp_path / "out").read()
+    if factory == "faithful":
+        assert {n: r["tier"] for n, r in latest.items()} == {n: 1 for n in latest} and summary.findings == 0
+        return
+    bitten = {n for n in latest if int(n[1:]) > 300}
+    assert {n for n, r in latest.items() if r["finding"]} == bitten
+    for name in bitten:
+        rec = latest[name]
+        assert rec["tier"] == 2 and "relative error" in rec["tier1"] and rec["first_divergence"] == "smooth", rec
+    whole = float(latest["t301"]["tier1"].rpartition("whole output ")[2].rstrip(")"))
+    assert "from index 300 of axis 2" in latest["t301"]["tier1"] and whole < TIER1_REL_MAX   # diluted overall

@@ -6,6 +6,7 @@ prepared once per input shape.
 from __future__ import annotations
 
 import math
+import hashlib
 import re
 import shutil
 import tempfile
@@ -397,4 +398,14 @@ def _num(v: Any) -> float | str | None:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:120] or "item"
+    """The item's directory name under RESULTS/bundles: the name where it is a plain lower-case file name,
+    else the name made safe plus 8 hex digits of its hash, so that no two items share a directory ("spk1/a"
+    and "spk1_a"; "A" and "a" on a case-insensitive disk).
+
+    >>> _safe("spk1_a"), _safe("spk1/a")
+    ('spk1_a', 'spk1_a-56f3b6ab')
+    """
+    safe = re.sub(r"[^a-z0-9._-]+", "_", name.lower())[:120].strip(".") or "item"
+    if safe == name:
+        return safe
+    return f"{safe}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"

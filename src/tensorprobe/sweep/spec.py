@@ -8,10 +8,12 @@ each worker calls it once and finds the items by name.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -94,6 +96,7 @@ class TargetSource:
     spec: str
     file_name: str | None = None
     text: str | None = None
+    home: str | None = None      # the file's own directory: its sibling modules import from there
 
     @staticmethod
     def of(spec: str, what: str = "SWEEP_TARGET") -> "TargetSource":
@@ -104,7 +107,7 @@ class TargetSource:
             path = Path(where)
             if not path.is_file():
                 raise TargetError(f"{what} {spec!r}: no such file {where}")
-            return TargetSource(spec, path.name, path.read_text())
+            return TargetSource(spec, path.name, path.read_text(), str(path.resolve().parent))
         return TargetSource(spec)
 
     def call(self) -> Any:
@@ -113,14 +116,35 @@ class TargetSource:
 
         if self.text is None:
             return call_factory(self.spec)
-        attr = self.spec.rpartition(":")[2]
-        with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as d:
+        where, _, attr = self.spec.rpartition(":")
+        with tempfile.TemporaryDirectory(prefix="tensorprobe-sweep-") as d, _importable(self.home):
             path = Path(d) / self.file_name
             path.write_text(self.text)
-            return call_factory(f"{path}:{attr}")
+            try:
+                return call_factory(f"{path}:{attr}")
+            except TargetError as e:        # name the user's file, not the copy
+                raise TargetError(str(e).replace(str(path), where)) from None
 
     def load(self) -> Sweep:
         return as_sweep(self.call(), self.spec)
+
+
+@contextlib.contextmanager
+def _importable(home: str | None) -> Iterator[None]:
+    """The sweep file's own directory on sys.path while its copy is imported (after the copy's directory),
+    as `python file.py` would have it: `from my_model import Net` beside the file works. A worker on
+    another machine that lacks the directory imports what its own environment has."""
+    if home is None or not Path(home).is_dir():
+        yield
+        return
+    sys.path.insert(0, home)
+    try:
+        yield
+    finally:
+        try:
+            sys.path.remove(home)
+        except ValueError:
+            pass
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Tier 1 runs the reference and the candidate as a user would (no capture, no files) and judges their
 outputs: same shapes, every sample finite on both sides, relative error within float32 rounding through a
 deep path (`CEILING_UNITS` x 2^-24, what `diff` lets any same-precision record differ by without a
-measurement), and, with a sample rate, `audio check` of both and the `audio diff` verdict (computed where a
+measurement) over the whole output and in every slice along each axis (a frame, a channel), and, with a sample rate, `audio check` of both and the `audio diff` verdict (computed where a
 sample differs by half a 16-bit step or more). An item that passes is done:
 its line says tier 1. Any other item (or one in the `sample` of passing items the driver asks for, to show
 the distribution) gets tier 2, `SweepWorker.run`: both captures, `diff`, `nan`, the bundles kept
@@ -203,6 +203,7 @@ class TieredWorker(SweepWorker):
         super().close()
 
 
+SLICE_MIN_ELEMENTS = 64            # tier 1 judges slices of at least this many elements (see _worst_slice)
 PCM16_HALF_STEP = 0.5 / 32768     # outputs closer than this everywhere are the same 16-bit WAV, give or take a step
 
 
@@ -280,10 +281,43 @@ def _judge_output(name: str, r: np.ndarray, c: np.ndarray) -> tuple[_Judged | No
     rel = math.sqrt(err2 / ref2) if ref2 > 0 else (0.0 if err2 == 0 else math.inf)
     if rel > TIER1_REL_MAX:
         return None, f"{name}: relative error {rel:.3g} beyond {TIER1_REL_MAX:.2g}"
+    local = _worst_slice(c64 - r64, r64, ref2)
+    if local is not None and local[0] > TIER1_REL_MAX:
+        worst, axis, index = local
+        return None, (f"{name}: relative error {worst:.3g} from index {index} of axis {axis} beyond "
+                      f"{TIER1_REL_MAX:.2g} (whole output {rel:.3g})")
     rc, cc = r64.ravel() - r64.mean(), c64.ravel() - c64.mean()
     denom = math.sqrt(float(rc @ rc) * float(cc @ cc))
     corr = float(rc @ cc) / denom if denom > 0 else 1.0
     return _Judged(name, r, c, err2, ref2, corr), ""
+
+
+def _worst_slice(diff: np.ndarray, ref: np.ndarray, ref2: float) -> tuple[float, int, int] | None:
+    """(relative error, axis, index) of the slice along some axis (a frame, a channel) with the largest error,
+    each slice against its own energy or the average slice's, whichever is larger; None for a scalar output.
+    Slices of fewer than `SLICE_MIN_ELEMENTS` elements are taken in runs of neighbours (the samples of a
+    waveform in blocks of 64), so that one element's rounding is never judged alone.
+
+    Why: an error in a few frames of a long output (a table that ends at 200 frames, in an item of 205) is
+    diluted in the whole output's L2 by the frames that agree; per slice it stands out as what it is. Rounding
+    scales with the values, so a faithful port's loud slices read about its whole-output error, and the floor
+    at the average slice's energy keeps near-silent slices from reading their rounding as large."""
+    worst: tuple[float, int, int] | None = None
+    for axis, size in enumerate(diff.shape):
+        if size < 2:
+            continue
+        others = tuple(a for a in range(diff.ndim) if a != axis)
+        e2, r2 = np.sum(diff * diff, axis=others), np.sum(ref * ref, axis=others)
+        run = max(1, -(-SLICE_MIN_ELEMENTS * size // diff.size))          # neighbouring slices taken together
+        if run >= size:
+            continue
+        starts = np.arange(0, size, run)
+        e2, r2 = np.add.reduceat(e2, starts), np.add.reduceat(r2, starts)
+        rel2 = e2 / np.maximum(r2, ref2 * np.diff(np.append(starts, size)) / size) if ref2 > 0 else e2
+        i = int(np.argmax(rel2))
+        if worst is None or rel2[i] > worst[0] ** 2:
+            worst = (math.sqrt(float(rel2[i])), axis, int(starts[i]))
+    return worst
 
 
 def _snr(j: _Judged) -> float:
