@@ -52,6 +52,16 @@ TARGETS = textwrap.dedent('''
 
     def noisy_ort():
         return Sweep(block(), [f"z-{i}" for i in range(3)], inputs=zero_mean, candidate="onnxruntime")
+
+    class Prenet(nn.Module):
+        """Tacotron's prenet: dropout kept on at inference, exported as ONNX Dropout (its own mask)."""
+        def __init__(self):
+            super().__init__(); torch.manual_seed(1); self.fc = nn.Conv1d(16, 16, 1)
+        def forward(self, x):
+            return nn.functional.dropout(torch.relu(self.fc(x)), 0.5, training=True)
+
+    def dropout_ort():
+        return Sweep(Prenet().eval(), [f"z-{i}" for i in range(2)], inputs=zero_mean, candidate="onnxruntime")
 ''')
 
 
@@ -86,3 +96,20 @@ def test_noise_drawn_in_the_models_own_forward_is_random_draws_and_replay_makes_
     replayed = sweep(f"{targets}:noisy_ort", tmp_path / "replayed", workers=1, replay_rng=True)
     latest = ResultStore(tmp_path / "replayed").read()
     assert replayed.findings == 0 and all(r["verdict"] == "match" for r in latest.values())
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_runtime_dropout_replay_cannot_feed_is_random_draws_and_the_advice_is_not_to_do_what_was_done(
+        targets, tmp_path, replay):
+    """ONNX Runtime's Dropout draws its own mask. Without replay the advice is --replay-rng; with replay on (it
+    was done, and cannot feed that op) the advice is to export the noise as a model input."""
+    pytest.importorskip("onnxruntime")
+    summary = sweep(f"{targets}:dropout_ort", tmp_path / "out", workers=1, replay_rng=replay)
+    latest = ResultStore(tmp_path / "out").read()
+    assert summary.findings == 0 and summary.random_draws == 2
+    assert summary.random_draws_replayed == (2 if replay else 0)
+    for r in latest.values():
+        assert r["verdict"] == "random_draws" and r["rng_replayed"] is replay
+        assert ("Rerun with --replay-rng" in r["random_draws"]) is not replay, r["random_draws"]
+    assert ("Rerun with --replay-rng" in summary.headline()) is not replay
+    assert "record_random" in summary.headline()

@@ -25,6 +25,10 @@ SHAPE_VERDICT = "shape differs from the reference's"
 MISSING_VERDICT = "no model output to compare"
 REPLAY_ADVICE = ("Rerun with --replay-rng (Sweep(replay_rng=True)) so that both sides draw the same numbers, or "
                  "export the noise as a model input (rewrite --rules record_random).")
+# with replay on, advising it would be to do what was done: say what replay cannot feed
+REPLAYED_ADVICE = ("The draws were replayed (--replay-rng), but the candidate draws here with another op, shape or "
+                   "order than the reference (a runtime's own Dropout or random op), which replay cannot feed: "
+                   "export the noise as a model input (rewrite --rules record_random).")
 
 
 class SweepWorker:
@@ -112,7 +116,8 @@ class SweepWorker:
             judged = judge_audio(out, self.sweep.sample_rate, agree)
             record["audio"] = judged.to_dict()
         reasons, properties = _port_reasons(record, report, out, judged), _model_properties(record, judged)
-        reasons, properties = _explained_divergence(record, reasons, properties, agree)
+        reasons, properties = _explained_divergence(record, reasons, properties, agree,
+                                                    bool(self.replay_rng or report.rng_replayed))
         record["reasons"] = [{"code": c, "text": t} for c, t in reasons]
         record["model_properties"] = [{"code": c, "text": t} for c, t in properties]
         record["finding"] = bool(reasons)
@@ -300,7 +305,7 @@ def _draw_first(record: dict[str, Any], ref: Any, cand: Any) -> None:
 
 
 def _explained_divergence(record: dict[str, Any], reasons: list[tuple[str, str]], properties: list[tuple[str, str]],
-                          agree: bool) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+                          agree: bool, replayed: bool = False) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Take out of the findings what the port did not do: a first divergence at a random draw the two sides drew
     on their own (verdict `random_draws`: the item says how to make it comparable), and rounding the model
     amplified inside while the outputs agree (a property of the model). NaN/Inf on the candidate side only stays
@@ -316,7 +321,8 @@ def _explained_divergence(record: dict[str, Any], reasons: list[tuple[str, str]]
         record["diff_verdict"], record["verdict"] = record["verdict"], VERDICT_RANDOM
         record["random_draws"] = (f"first differs at the random draw {record['first_divergence']}: reference and "
                                   f"candidate draw other numbers, so the items are not comparable value by value. "
-                                  f"{REPLAY_ADVICE}")
+                                  f"{REPLAYED_ADVICE if replayed else REPLAY_ADVICE}")
+        record["rng_replayed"] = replayed
         text = "differs by random draws: " + "; ".join(t for _, t in moved)
         return kept, properties + [("random_draws", text)]
     return kept, properties + [("amplified", f"rounding amplified inside the model (first parts at "

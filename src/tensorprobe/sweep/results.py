@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .item import REPLAY_ADVICE, STATUS_DONE, STATUS_FAILED, VERDICT_RANDOM
+from .item import REPLAY_ADVICE, REPLAYED_ADVICE, STATUS_DONE, STATUS_FAILED, VERDICT_RANDOM
 
 ITEMS_FILE = "items.jsonl"
 
@@ -144,6 +144,7 @@ class SweepSummary:
     # items with a finding and finite outputs, grouped by first divergence and its cause
     divergence_groups: list[dict[str, Any]] = field(default_factory=list)
     random_draws: int = 0          # items that differ by random draws only: not findings
+    random_draws_replayed: int = 0  # of those, the items captured with replay on (replay could not feed them)
 
     @property
     def finding(self) -> bool:
@@ -163,8 +164,9 @@ class SweepSummary:
         text += "".join(" " + sentence for sentence in self.nonfinite_sentences())
         if self.random_draws:
             n = self.random_draws
+            advice = REPLAYED_ADVICE if self.random_draws_replayed == n else REPLAY_ADVICE
             text += (f" {n} item{'s' if n != 1 else ''} differ{'s' if n == 1 else ''} by random draws only, not "
-                     f"counted as findings: {REPLAY_ADVICE}")
+                     f"counted as findings: {advice}")
         if self.properties_sentence():
             text += " " + self.properties_sentence()
         if self.divergence_groups:
@@ -218,7 +220,8 @@ class SweepSummary:
         return {"headline": self.headline(), "items": self.items, "done": self.done, "failed": self.failed,
                 "findings": self.findings, "finding": self.finding, "why": self.why,
                 "model_properties": self.model_properties, "verdicts": self.verdicts,
-                "random_draws": self.random_draws, "nonfinite_groups": self.nonfinite_groups,
+                "random_draws": self.random_draws, "random_draws_replayed": self.random_draws_replayed,
+                "nonfinite_groups": self.nonfinite_groups,
                 "divergence_groups": self.divergence_groups,
                 "worst_snr": self.worst_snr, "worst_corr": self.worst_corr, "nonfinite": self.nonfinite,
                 "first_divergence": [{"layer": k, "items": n} for k, n in self.first_divergence],
@@ -255,7 +258,8 @@ def summarize(records: Iterable[dict[str, Any]], worst: int = 10) -> SweepSummar
                  "max": times[-1] if times else 0.0},
         errors=[{"item": r["item"], "error": r.get("error")} for r in failed],
         nonfinite_groups=_nonfinite_groups(done), divergence_groups=_divergence_groups(done),
-        random_draws=sum(1 for r in done if r.get("verdict") == VERDICT_RANDOM))
+        random_draws=sum(1 for r in done if r.get("verdict") == VERDICT_RANDOM),
+        random_draws_replayed=sum(1 for r in done if r.get("verdict") == VERDICT_RANDOM and r.get("rng_replayed")))
 
 
 def _nonfinite_groups(done: list[dict[str, Any]]) -> list[dict[str, Any]]:
