@@ -460,3 +460,47 @@ def test_a_half_precision_module_output_at_the_edge_of_its_range_is_an_overflow_
     o = tp.find_nonfinite_in_bundle(tp.capture(Reciprocal().eval(), torch.randn(1, 1, 16), level="module",
                                                out=tmp_path / "inv"))
     assert o.record == "inv" and diagnosis_label(o) != "overflow" and "overflowed" not in " ".join(o.diagnosis)
+
+
+class _NoEpsNorm(nn.Module):
+    """A layer norm written by hand, its eps outside the square root (or none): 0/0 on a constant row."""
+
+    def __init__(self, eps_inside: float = 0.0):
+        super().__init__()
+        self.eps_inside = eps_inside
+
+    def forward(self, x):
+        m = x.mean(-1, keepdim=True)
+        return (x - m) / (((x - m) ** 2).mean(-1, keepdim=True) + self.eps_inside).sqrt()
+
+
+class _Frames(nn.Module):
+    def __init__(self, eps_inside: float = 0.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm, self.proj = _NoEpsNorm(eps_inside), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.proj(self.norm(x))
+
+
+@pytest.mark.parametrize("keep", ["full", "stats"])
+def test_a_float16_norm_over_a_silent_frame_is_zero_variance_not_overflow(tmp_path, keep):
+    """fp16 frames, three of them silent (constant): the hand-written norm makes 0/0 there. With the input
+    kept, the sweep's label names the zero variance and counts the constant rows; from statistics alone, a
+    negative or zero variance. Never 'overflow' (the float16 context sentence mentions overflow). The same norm
+    with eps inside the square root makes no NaN."""
+    from tensorprobe.sweep.item import diagnosis_label
+
+    x = torch.randn(1, 6, 8, generator=torch.Generator().manual_seed(1))
+    x[0, [1, 3, 4]] = 0.25                              # three silent frames
+    o = tp.find_nonfinite_in_bundle(tp.capture(_Frames().half().eval(), x.half(), level="module", keep=keep,
+                                               out=tmp_path / "nan"))
+    assert o.record == "norm" and o.output.stats.nan == 24
+    if keep == "full":
+        assert diagnosis_label(o) == "zero variance (0/0)" and "3 rows of its input are constant" in o.diagnosis[0]
+    else:
+        assert diagnosis_label(o) == "negative variance"
+    fixed = tp.capture(_Frames(eps_inside=1e-3).half().eval(), x.half(), level="module", keep=keep,
+                       out=tmp_path / "fixed")
+    assert not tp.find_nonfinite_in_bundle(fixed).found

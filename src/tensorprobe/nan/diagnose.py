@@ -260,6 +260,25 @@ def _rule_normalization(ev: Evidence) -> list[str]:
             "too small, or squares overflowing the dtype."]
 
 
+def _rule_norm_module(ev: Evidence) -> list[str]:
+    """A module-level record of a normalization (by class or name) whose output is NaN from finite inputs:
+    the variance came out negative or exactly zero. Rows of its input constant along the last axis (a silent
+    frame, a padded step) have a variance of exactly zero: (x − mean) / sqrt(var) there is 0/0."""
+    if ev.op in _NORM_OPS or ev.op in _DIV_OPS or not (ev.output_stats and ev.output_stats.nan):
+        return []
+    reason = normalization_reason(ev)
+    if reason is None:
+        return []
+    constant = next((int(np.count_nonzero(np.ptp(x.reshape(-1, x.shape[-1]), axis=-1) == 0))
+                     for x, _ in ev.float_inputs if x.ndim and x.shape[-1] > 1 and np.isfinite(x).all()), 0)
+    if not constant:
+        return [f"{VARIANCE_ADVICE} (Evidence: {reason}.)"]
+    return [f"zero variance: {constant} row{'s' if constant > 1 else ''} of its input "
+            f"{'are' if constant > 1 else 'is'} constant along the last axis (a silent frame, a padded step), so "
+            f"its variance there is exactly zero and (x − mean) / sqrt(var) is 0/0 unless eps is added inside the "
+            f"square root (Evidence: {reason})."]
+
+
 def _rule_overflow(ev: Evidence) -> list[str]:
     st = ev.output_stats
     if st is None or ev.op not in _ACCUM_OPS or (st.posinf + st.neginf) == 0:
@@ -297,7 +316,7 @@ def _rule_mask(ev: Evidence) -> list[str]:
 
 RULES: list[Callable[[Evidence], list[str]]] = [
     _rule_mask, _rule_negative_domain, _rule_unit_domain, _rule_exp_overflow, _rule_division, _rule_normalization,
-    _rule_overflow, _rule_channel_pattern, _rule_reduced_precision,
+    _rule_norm_module, _rule_overflow, _rule_channel_pattern, _rule_reduced_precision,
 ]
 
 

@@ -361,12 +361,13 @@ _DIAGNOSES = (("variance came out negative", "negative variance"),
               ("non-finite per-channel statistics", "negative variance"),
               ("running_var", "negative running variance"),
               ("division by zero", "division by zero"),
+              ("zero variance", "zero variance (0/0)"),
               ("exact zero", "sqrt/log of zero"),
               ("negative value", "sqrt/log of a negative value"),
               ("outside [-1, 1]", "input outside [-1, 1]"),
               ("overflow", "overflow"),
-              ("mask", "a deliberate ±Inf mask"),
-              ("reduced precision", "reduced precision"))
+              ("mask", "a deliberate ±Inf mask"))
+_CONTEXT = ("Its input is most likely", "Pattern:", "A module-level record", "Inputs are")   # not causes
 
 
 def diagnosis_label(origin: Any) -> str:
@@ -378,13 +379,15 @@ def diagnosis_label(origin: Any) -> str:
     if origin.cause == CAUSE_PARAMETER:
         return "non-finite weights"
     for sentence in origin.diagnosis:
-        if sentence.startswith(("Its input is most likely", "Pattern:", "A module-level record")):
+        if sentence.startswith(_CONTEXT):     # context ("Inputs are float16: ... overflow far more likely")
             continue
         for words, label in _DIAGNOSES:
             if words in sentence:
                 return label
     if origin.module_type and any("from finite inputs" in d for d in origin.diagnosis):
         return f"made inside {origin.module_type} from finite inputs"      # `nan` names no cause
+    if any(d.startswith("Inputs are") for d in origin.diagnosis):
+        return "reduced precision"            # the only thing `nan` could say
     return "undiagnosed"
 
 
