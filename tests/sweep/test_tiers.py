@@ -252,6 +252,21 @@ LENGTHS_SWEEP = textwrap.dedent('''
 
     def branchy():
         return Sweep(Branchy().eval(), [f"len{i:02d}" for i in range(6)], inputs=inputs)
+
+    class Recurrent(torch.nn.Module):
+        """A GRU over time after a transpose: torch.export unrolls it, fixing the length."""
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.gru = torch.nn.GRU(4, 8, batch_first=True)
+            self.out = torch.nn.Linear(8, 1)
+
+        def forward(self, x):
+            h, _ = self.gru(x.transpose(1, 2))
+            return self.out(h)
+
+    def recurrent():
+        return Sweep(Recurrent().eval(), [f"len{i:02d}" for i in range(4)], inputs=inputs)
 ''')
 
 
@@ -282,6 +297,27 @@ def test_items_of_varying_length_share_one_dynamic_export_where_the_model_allows
     assert all("outside [" in latest[n]["tier1_export_why"] for n in per_shape)
     assert all(inputs_length(n) > 250 for n in per_shape)
     assert len([p for p in (out / "prepared").iterdir() if p.is_dir()]) == 1 + len(per_shape) + 1   # + len00's
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_a_recurrent_model_of_varying_length_says_why_dynamo_exports_each_length_and_legacy_shares_one(
+        tmp_path, exporter):
+    """torch.export unrolls a GRU over time, so the dynamo export with a symbolic length comes back fixed at
+    the length it saw: each later length is exported on its own, and the item says so and names the way out.
+    The legacy exporter keeps one ONNX GRU with every dimension symbolic: one file serves every later length.
+    A faithful export either way: every item matches at tier 1."""
+    pytest.importorskip("onnxruntime")
+    (tmp_path / "lengths.py").write_text(LENGTHS_SWEEP)
+    out = tmp_path / exporter
+    summary = sweep(f"{tmp_path / 'lengths.py'}:recurrent", out, workers=1, options={"exporter": exporter})
+    latest = ResultStore(out).read()
+    assert summary.done == 4 and summary.findings == 0 and all(r["tier"] == 1 for r in latest.values())
+    later = [latest[f"len{i:02d}"] for i in (2, 3)]
+    if exporter == "legacy":
+        assert all(r["tier1_export"] == "dynamic shapes" and "exported" not in r for r in later), later
+    else:
+        assert all(r["tier1_export"] == "this shape" and "the dynamo export fixed it at" in r["tier1_export_why"]
+                   and "-O exporter=legacy" in r["tier1_export_why"] for r in later), later
 
 
 def test_results_of_another_sweep_an_empty_sweep_and_a_wrong_candidate_are_refused(sweep_file, tmp_path):

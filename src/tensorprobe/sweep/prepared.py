@@ -63,7 +63,7 @@ class ArtifactCache:
         `make=False`: only one already made (or None, with no reason)."""
         from ..runtimes import get_runtime
 
-        if runtime not in DYNAMIC_RUNTIMES or options.get("exporter", "dynamo") != "dynamo":
+        if runtime not in DYNAMIC_RUNTIMES:
             return None, False, f"{runtime} is exported per input shape"
         if options.get("dynamic") is False:
             return None, False, "dynamic=False: exported per input shape"

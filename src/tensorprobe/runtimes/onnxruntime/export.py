@@ -28,9 +28,10 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     """Export `model` to `path` with module scopes kept on every node.
 
     With the dynamo exporter each node is stamped with its module path and call index
-    (`tensorprobe.scope`), taken from the ExportedProgram's `nn_module_stack`. `dynamic=True` (dynamo only)
-    leaves every input dimension symbolic where the model allows (`torch.export.Dim.AUTO`: a dimension the
-    code specializes stays fixed), so one file runs inputs of other lengths; the module-output shapes
+    (`tensorprobe.scope`), taken from the ExportedProgram's `nn_module_stack`. `dynamic=True` leaves every
+    input dimension symbolic where the model allows (dynamo: `torch.export.Dim.AUTO`, a dimension the code
+    specializes stays fixed; legacy: `dynamic_axes` on every dimension, with no guard: a branch on a size is
+    traced for this one), so one file runs inputs of other lengths; the module-output shapes
     stamped for naming are those of `inputs`, so a dynamic export is for plain runs (a sweep's tier 1).
 
     Example:
@@ -48,9 +49,7 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     try:
         with contextlib.redirect_stdout(sink), warnings.catch_warnings(), torch.no_grad(), _exporter_logs_quiet():
             warnings.simplefilter("ignore")
-            if dynamic and exporter != "dynamo":
-                raise InputError("dynamic=True needs the dynamo exporter")
-            if dynamic:
+            if dynamic and exporter == "dynamo":
                 kw["dynamic_shapes"] = tuple({d: torch.export.Dim.AUTO for d in range(t.ndim)}
                                              if isinstance(t, torch.Tensor) else None for t in inputs)
             if exporter == "dynamo":
@@ -62,8 +61,15 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
                     entry.key, entry.value = DYNAMIC_DIMS_KEY, json.dumps(dynamic_dims(prog.exported_program))
                 save_model(proto, path)
             else:
+                if dynamic:         # the trace keeps no guard: every dimension symbolic, valid for any size
+                    kw["dynamic_axes"] = {n: {d: f"{n}_{d}" for d in range(t.ndim)}
+                                          for n, t in zip(names, inputs) if isinstance(t, torch.Tensor)}
                 torch.onnx.export(model, tuple(inputs), str(path), dynamo=False, input_names=names, **kw)
                 _add_tuple_shapes(path, outputs.shapes)
+                if dynamic:
+                    _add_metadata(path, DYNAMIC_DIMS_KEY, json.dumps(
+                        {"dims": [[f"{n}_{d}" for d in range(t.ndim)] for n, t in zip(names, inputs)
+                                  if isinstance(t, torch.Tensor)], "ranges": {}}))
     except (TargetError, InputError):
         raise
     except Exception as e:
@@ -116,6 +122,10 @@ def dims_accept(meta: dict[str, Any], shapes: list[tuple[int, ...]]) -> str | No
                     return f"{expr} is {values[expr]} and {size} in one call"
     for name, (lo, hi) in meta.get("ranges", {}).items():
         v = values.get(name)
+        if v is not None and lo == hi and v != lo:
+            return (f"{name} = {v}: the dynamo export fixed it at {lo} (the model's code specializes this size, as "
+                    f"torch.export does unrolling a recurrent layer over time), so each size is exported on its own; "
+                    f"-O exporter=legacy exports with every dimension symbolic")
         if v is not None and (v < lo or (hi is not None and v > hi)):
             return f"{name} = {v} is outside [{lo}, {hi if hi is not None else '∞'}]: the export fixed what the model does beyond it"
     for d, s in zip(dims, shapes):
@@ -245,15 +255,17 @@ def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, outputs: "ModuleO
         entry.key, entry.value = MODULE_OUTPUT_NODES_KEY, json.dumps(nodes)
 
 
-def _add_tuple_shapes(path: Path, shapes: dict[str, list[list[int]]]) -> None:
-    import json
-
+def _add_metadata(path: Path, key: str, value: str) -> None:
     import onnx
 
     proto = onnx.load(str(path))
     entry = proto.metadata_props.add()
-    entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(shapes)
+    entry.key, entry.value = key, value
     save_model(proto, path)
+
+
+def _add_tuple_shapes(path: Path, shapes: dict[str, list[list[int]]]) -> None:
+    _add_metadata(path, MODULE_OUTPUTS_KEY, json.dumps(shapes))
 
 
 @dataclass
