@@ -198,3 +198,69 @@ def test_an_onnx_recurrent_weight_pairs_in_its_gate_order(tmp_path, cell):
     r = _onnx_diff(tmp_path / "b", model, port, x, keep="full")
     first = r.get(r.first_divergence)
     assert first.module == "rnn" and first.cause == "weights" and first.origin.startswith("rnn.weight_"), r.summary
+
+
+class Spectrum(nn.Module):
+    """An STFT as a strided conv (real and imaginary rows), power, a filterbank, time last -> time first:
+    the dynamo exporter folds the trailing transpose into the LSTM's own input Transpose."""
+
+    def __init__(self, bins: int = 33, mels: int = 12) -> None:
+        super().__init__()
+        self.stft = nn.Conv1d(1, 2 * bins, 64, stride=16, bias=False)
+        self.register_buffer("fb", torch.rand(mels, bins) / bins)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        re, im = self.stft(wav.unsqueeze(1)).chunk(2, 1)
+        return (self.fb @ (re * re + im * im)).transpose(1, 2)
+
+
+class SpeakerEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.front = Spectrum()
+        self.lstm = nn.LSTM(12, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        h, _ = self.lstm(self.front(wav))
+        return self.head(h[:, -1])
+
+
+@pytest.mark.parametrize("keep", ["stats", "full"])
+def test_an_int8_file_is_judged_against_pytorch_as_it_is_against_its_float_file(tmp_path, keep):
+    """ORT's quantize_dynamic of a faithful export, against the PyTorch model: the quantizer's nodes carry
+    no scope, and the Split after the STFT conv's ConvInteger was taken into `front.stft` (a 33-row half
+    paired with the 66-row conv); the front end's value, held transposed and carrying int8's error, was a
+    shape mismatch of its own. Both now: the conv paired with its rescale, the transposed value compared in
+    the reference's layout (by statistics too); a match as a quantized port. The same file with the head's
+    weight scale doubled diverges at `head`, cause its weight."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from tensorprobe.runtimes import get_runtime
+    from tensorprobe.runtimes.onnxruntime import export_onnx
+
+    model, x = _seeded(SpeakerEncoder), 0.3 * torch.randn(1, 4000, generator=torch.Generator().manual_seed(1))
+    fp32 = export_onnx(model, (x,), tmp_path / "enc.onnx", exporter="dynamo")
+    quantize_dynamic(str(fp32), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8)
+    q = onnx.load(str(tmp_path / "int8.onnx"))
+    for init in q.graph.initializer:
+        if init.name.startswith("head.") and init.name.endswith("scale"):
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 2, init.name))
+    onnx.save(q, str(tmp_path / "int8_2x.onnx"))
+    ref = tp.capture(model, x, keep=keep, out=tmp_path / "ref")
+    ort = get_runtime("onnxruntime")
+
+    def against(name: str) -> tp.DiffReport:
+        return tp.diff(ref, ort.capture_artifact(tmp_path / name, [x.numpy()], tmp_path / f"{name}.b", keep=keep))
+
+    r = against("int8.onnx")
+    assert r.verdict == "match" and "as a quantized port" in r.summary, r.summary
+    stft, front = r.get("front.stft"), r.get("front")
+    assert stft.cause == "quantized" and tuple(stft.shape) == tuple(stft.cand_shape) == (1, 66, 247)
+    assert front.cause == "inherited" and "compared_transposed" in front.tags, front
+    bad = against("int8_2x.onnx")
+    first = bad.get(bad.first_divergence)
+    assert bad.verdict == "diverged" and bad.first_divergence == "head" and first.cause == "weights", bad.summary

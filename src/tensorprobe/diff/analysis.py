@@ -35,6 +35,7 @@ from .port_ops import changed_by_port_ops
 from ..stats.sketch import ESTIMATE_MARGIN
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
+from .conditioning import measured_norm_causes
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
@@ -79,6 +80,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     unread = unread_indices(ref_records)
     forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
                        noise=noise, reduced=reduced, draws=draws, unread=unread, swapped=findings)
+    forward = measured_norm_causes(forward, by_name, ref_bundle, cand_bundle)   # a norm's own, measured on values
     forward = judged_quantized(forward, ref_bundle, cand_bundle)   # beyond what int8 explains, or coarse steps
     forward = judged_as_quantized_outputs(forward, reduced, criteria)
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)

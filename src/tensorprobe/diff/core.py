@@ -34,7 +34,8 @@ from .align import (MATCH_READER_REPACKED, MATCH_READER_T, Pair, Rule, align, de
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .fusion import fused_successors, held_transposed
-from .layout import REORDER_MIN_ERROR, TAG_LAYOUT, TRANSPOSED, find_layout
+from .layout import (REORDER_MIN_ERROR, TAG_COMPARED_TRANSPOSED, TAG_LAYOUT, TRANSPOSED, closest_transpose, find_layout,
+                     in_reference_layout)
 from .metrics import Sums, accumulate, evaluate
 from .noise import (OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_WORDS, Noise, Precision, dequantized_floor, expected_noise,
                     judged_floor, reduced_precision, weight_floor)
@@ -172,12 +173,27 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
         if layout is not None:   # every value right, in another place: say so, not just "shape differs"
             return PairResult(**{**base, "tags": base["tags"] + (layout.tag(),)}, status=STATUS_SHAPE,
                               reasons=(f"same values in another layout ({layout.words()}): {shapes}",))
-        if not (r.has_tensor and c.has_tensor) and sorted(r.shape) == sorted(c.shape) and \
-                not _compare_stats(pair, criteria, base, floor, fingerprint=False).failed:
-            # statistics hold under a transpose: what they show agrees, in the reference's dimensions reordered
-            return PairResult(**{**base, "tags": base["tags"] + (TAG_LAYOUT + TRANSPOSED,)}, status=STATUS_SHAPE,
-                              reasons=(f"the same statistics with its dimensions reordered (statistics cannot tell a "
-                                       f"transpose from other values; --keep full compares them): {shapes}",))
+        closest = closest_transpose(ref_b.numpy(r.name), cand_b.numpy(c.name)) \
+            if r.has_tensor and c.has_tensor and r.kind != KIND_MODEL_OUTPUT and r.stats.numel == c.stats.numel \
+            else None
+        if closest is not None:
+            # held transposed (an exporter moved a transpose) and carrying error: compared in the reference's
+            # layout, so the error is judged like any value's (inherited from a quantized input, or its own)
+            found = _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor, output_rule,
+                                    layout=lambda a: in_reference_layout(a, tuple(r.shape), closest))
+            return replace(found, tags=found.tags + (TAG_COMPARED_TRANSPOSED,), reasons=found.reasons + (
+                f"compared in the reference's layout: the port holds it {closest.words()} ({shapes})",))
+        if not (r.has_tensor and c.has_tensor) and sorted(r.shape) == sorted(c.shape):
+            found = _compare_stats(pair, criteria, base, floor, fingerprint=False)
+            if not found.failed:
+                # statistics hold under a transpose: what they show agrees, in the reference's dimensions reordered
+                return PairResult(**{**base, "tags": base["tags"] + (TAG_LAYOUT + TRANSPOSED,)}, status=STATUS_SHAPE,
+                                  reasons=(f"the same statistics with its dimensions reordered (statistics cannot tell "
+                                           f"a transpose from other values; --keep full compares them): {shapes}",))
+            # carrying error as well: judged by its statistics, which a transpose keeps (as values would be)
+            return replace(found, tags=found.tags + (TAG_COMPARED_TRANSPOSED,), reasons=found.reasons + (
+                f"compared by statistics, which hold under a transpose: the port holds it with its dimensions "
+                f"reordered ({shapes})",))
         return PairResult(**base, status=STATUS_SHAPE, reasons=(shapes,))
     if not kinds_agree(r, c):
         return PairResult(**base, status=STATUS_NOT_COMPARABLE, reasons=(not_comparable_reason(r, c),))

@@ -18,6 +18,8 @@ import numpy as np
 TRANSPOSED, REORDERED = "transposed", "channels reordered"
 MIN_ROW = 4   # values per channel needed before a reordering of channels is claimed
 TAG_LAYOUT = "layout:"        # tag of a pair whose candidate holds the reference's values in another layout
+# tag of a pair the port holds transposed whose values differ in every layout: compared in the closest one
+TAG_COMPARED_TRANSPOSED = "compared_transposed"
 MAX_AXES = 5                  # transposes tried: every axis order of up to 5 dimensions (120)
 MAX_CHANNELS = 4096           # channel orders looked for along axes of at most this size
 REORDER_MIN_ERROR = 0.5       # a pair with equal shapes is looked at only when its error is this large
@@ -67,6 +69,22 @@ def find_layout(ref: np.ndarray, cand: np.ndarray, limit: float) -> Layout | Non
     return found if found is None else Layout(REORDERED, found.rel_err, axis=kept[found.axis], order=found.order)
 
 
+def closest_transpose(ref: np.ndarray, cand: np.ndarray) -> Layout | None:
+    """The transpose of `ref` closest to `cand` (shapes that differ only in the order of their dimensions),
+    whatever its error; None when no transpose gives `cand`'s shape or none comes within REORDER_MIN_ERROR."""
+    r, c = _squeezed(ref), _squeezed(cand)
+    if r is None or c is None or r.size != c.size or r.size == 0 or r.shape == c.shape:
+        return None
+    found = _transposed(r, c, REORDER_MIN_ERROR, best=True)
+    return found
+
+
+def in_reference_layout(cand: np.ndarray, ref_shape: tuple[int, ...], layout: Layout) -> np.ndarray:
+    """`cand` (the squeezed reference transposed by `layout.axes`) put back in the reference's shape."""
+    c = _squeezed(cand)
+    return np.transpose(c, np.argsort(layout.axes)).reshape(ref_shape)
+
+
 def _squeezed(a: np.ndarray) -> np.ndarray | None:
     a = np.asarray(a)
     if a.dtype.kind not in "fiu":
@@ -83,16 +101,20 @@ def _rel_err(r: np.ndarray, c: np.ndarray) -> float:
     return math.sqrt(err / energy) if energy > 0 else (0.0 if err == 0 else math.inf)
 
 
-def _transposed(r: np.ndarray, c: np.ndarray, limit: float) -> Layout | None:
+def _transposed(r: np.ndarray, c: np.ndarray, limit: float, best: bool = False) -> Layout | None:
+    """The first transpose of `r` within `limit` of `c` (`best`: the closest one within it)."""
     if r.ndim > MAX_AXES or sorted(r.shape) != sorted(c.shape):
         return None
+    found = None
     for axes in itertools.permutations(range(r.ndim)):
         if tuple(r.shape[i] for i in axes) != c.shape:
             continue
         e = _rel_err(np.transpose(r, axes), c)
-        if e <= limit:
-            return Layout(TRANSPOSED, e, axes=tuple(axes))
-    return None
+        if e <= limit and (found is None or e < found.rel_err):
+            found = Layout(TRANSPOSED, e, axes=tuple(axes))
+            if not best:
+                break
+    return found
 
 
 def _reordered(r: np.ndarray, c: np.ndarray, limit: float) -> Layout | None:
@@ -118,4 +140,5 @@ def _reordered(r: np.ndarray, c: np.ndarray, limit: float) -> Layout | None:
     return None
 
 
-__all__ = ["Layout", "REORDERED", "REORDER_MIN_ERROR", "TAG_LAYOUT", "TRANSPOSED", "find_layout"]
+__all__ = ["Layout", "REORDERED", "REORDER_MIN_ERROR", "TAG_COMPARED_TRANSPOSED", "TAG_LAYOUT", "TRANSPOSED",
+           "closest_transpose", "find_layout", "in_reference_layout"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..record import KIND_BUFFER, KIND_MODEL_INPUT, TAG_QUANTIZED, module_label, op_place, parse_name
+from ..record import KIND_BUFFER, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, TAG_QUANTIZED, WEIGHT_KINDS, module_label, op_place, parse_name
 from .evidence import CAND_ONLY, FED_OTHERWISE, NOT_COMPARED, UNPAIRED, made_in
 from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
@@ -168,7 +168,32 @@ def _match_words(r: DiffReport) -> str:
     stats = r.counts()["not_proven"]
     caveat = (f" {stats:,} records compared by statistics only show no difference: not proven (--keep full compares "
               "their values)." if stats else "")
-    return f"Match: every compared record agrees {rule}{tail}.{caveat}" + _precision_words(r)
+    return f"Match: every compared record agrees {rule}{tail}.{caveat}" + _precision_words(r) + _blind_spot_words(r)
+
+
+BLIND_FLOOR = 1e-3      # a floor this wide (SNR 60 dB) lets a change of a record's own pass as rounding: say so
+
+
+def _blind_spot_words(r: DiffReport) -> str:
+    """On a match whose floors are wide (a float16 port), how large a change of a record's own can pass as
+    rounding, and where: what the match does not rule out (a norm's eps of 1e-3 for 1e-5 changes its output
+    by ~2e-3, well inside float16's floors)."""
+    if not r.criteria.noise:
+        return ""
+    judged = [p for p in r.pairs if p.kind not in (*WEIGHT_KINDS, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT) and p.compared
+              and p.floor is not None and p.floor >= BLIND_FLOOR and not p.failed
+              and p.name.split(":")[0] != "<root>"]     # the model's output: judged by the output criterion too
+    if not judged:
+        return ""
+    widest = max(judged, key=lambda p: p.floor)
+    return (f" What a match cannot rule out here: a change of a record's own smaller than its floor reads as "
+            f"rounding, and the floors reach {widest.floor:.2g} (SNR {_snr_db(widest.floor):.0f} dB) at "
+            f"{widest.name}; a port's own change below that (a norm's eps of 1e-3 for 1e-5: ~2e-3) is not judged. "
+            f"Compare a same-precision build of the port to judge it.")
+
+
+def _snr_db(rel: float) -> float:
+    return -20 * math.log10(rel) if rel > 0 else math.inf
 
 
 def _int8_match_words(r: DiffReport) -> str:

@@ -270,25 +270,38 @@ class GraphNamer:
     def _fill_clusters(self, chains: list[Chain | None], by_path: dict[str, Chain]) -> None:
         """Scope the nodes their names and metadata leave unscoped, cluster by connected cluster.
 
-        A cluster that reads the weights of one module is that module's (the ConvInteger, rescale and
-        bias Add a quantizer puts in place of `conv1`'s Conv). One that reads several modules' weights
-        (an old export that names no scope at all) gives each weight reader its module and splits."""
+        The nodes that read a module's weights are that module's (the ConvInteger, rescale and bias Add a
+        quantizer puts in place of `conv1`'s Conv), and so are the nodes that only feed them (the quantizer
+        of its input); the rest of the cluster (what their result feeds, an old export's ops between
+        modules) is split and scoped by its neighbours (`_cluster_scope`)."""
         for members in self._clusters([i for i, c in enumerate(chains) if c is None]):
-            owners = {i: self._weight_module(self.nodes[i]) for i in members}
+            owners = self._feeding_owners(members, {i: self._weight_module(self.nodes[i]) for i in members})
             modules = set(owners.values()) - {None}
-            if len(modules) == 1:
-                path = modules.pop()
-                for i in members:
-                    chains[i] = by_path.get(path) or chain_of_path(path)
-                continue
             for i, path in owners.items():
                 if path is not None:
                     chains[i] = by_path.get(path) or chain_of_path(path)
+            # what the weight readers' results feed (a Split of a quantized STFT conv's output, unscoped in
+            # the export too) is scoped as it would be without the quantizer: by its neighbours
             rest = [i for i in members if chains[i] is None]
             for part in self._clusters(rest) if modules else [members]:
                 chain = self._cluster_scope(part, chains)
                 for i in part:
                     chains[i] = chain
+
+    def _feeding_owners(self, members: list[int], owners: dict[int, str | None]) -> dict[int, str | None]:
+        """`owners` with each unowned member whose results feed only nodes of one module (the quantizer of a
+        conv's input, the product of its scales) given that module: they compute its output too."""
+        owners = dict(owners)
+        changed = True
+        while changed:
+            changed = False
+            for i in members:
+                if owners[i] is not None:
+                    continue
+                users = {owners.get(j) for o in self.nodes[i].output for j in self.consumers.get(o, ())}
+                if len(users) == 1 and None not in users:
+                    owners[i], changed = users.pop(), True
+        return owners
 
     def _clusters(self, nodes: list[int]) -> list[list[int]]:
         """`nodes` split into sets connected through values one of them makes and another reads."""
