@@ -150,6 +150,24 @@ def test_replay_rng_gives_the_reference_the_runtimes_draws(noisy):
     assert post["cause"] != "random"
 
 
+@pytest.mark.parametrize("replay, scale", [(True, 1.0), (True, 1.01), (False, 1.0)])
+def test_diff_of_the_bundles_compare_kept_says_what_compare_said(noisy, replay, scale):
+    """`tensorprobe diff OUT/ref OUT/onnxruntime` on what `compare -o OUT` kept: the same verdict, first
+    divergence, counts and unmatched records (the runtime's op records were 'candidate-only' there; the draws
+    the reference replayed are found again by their values)."""
+    import tensorprobe as tp
+
+    subprocess.run([sys.executable, "-c", f"import noisy; noisy.export('port.onnx', {scale})"], cwd=noisy, check=True)
+    out = noisy / "kept"
+    code, doc = _compare_cli(noisy, "--artifact", "port.onnx", "-o", str(out), *(["--replay-rng"] if replay else []))
+    again = tp.diff(out / "ref", out / "onnxruntime")
+    said = doc["diff"]
+    assert (again.verdict, again.first_divergence) == (said["verdict"], said["first_divergence"])
+    assert again.counts() == said["counts"] and list(again.cand_only) == said["cand_only"]
+    assert [p.cause for p in again.pairs] == [p["cause"] for p in said["pairs"]]
+    assert (code == 0) == (said["verdict"] == "match") and (scale == 1.0 and replay) == (code == 0)
+
+
 class NoisyWithDeadDraw(torch.nn.Module):
     """Adds noise to its input, and draws once more for nothing (the exporter removes that draw as dead code)."""
 

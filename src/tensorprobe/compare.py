@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .bundle import Bundle
+from .diff.views import module_view
 from .errors import InputError
 from .nan import CAUSE_MODEL_INPUT, NanOrigin, find_nonfinite_in_bundle
 from .record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED, parse_name
@@ -343,32 +344,6 @@ def _alike(mine: Draw, theirs: Draw | None) -> bool:
     """The runtime's draw can stand for this PyTorch draw: one distribution and parameters, whatever kind of
     number each stores (the runtime's draw is cast to this run's dtype)."""
     return theirs is not None and mine.conflict(Draw(theirs.distribution, theirs.params)) is None
-
-
-def module_view(bundle: Bundle, shared_draws: Sequence[str] = (), differ: Sequence[str] = ()) -> Bundle:
-    """The module-level records of a runtime bundle (names without an `/<op>.<k>` part), and its random draws.
-
-    A PyTorch module capture has no op records; leaving the runtime's op records out keeps `diff`
-    from pairing them by order with reference records that have no runtime counterpart. Random draws stay: a
-    PyTorch module capture records them too, and `diff` pairs draw with draw (and says when the two draw
-    otherwise). What the op records tell of their module stays as tags of its records: quantized arithmetic
-    (an int8 port's ConvInteger) and random draws not replayed (a RandomNormalLike), so that `diff` gives the
-    cause. `differ`: runtime draws that stand where the reference draws otherwise (`RuntimeDraws.differ`):
-    a port difference at that draw, not noise.
-    """
-    carried: dict[str, set[str]] = {}
-    shared = set(shared_draws) | set(differ)   # draws the reference took (compare's replay), or that differ
-    for r in bundle.records:
-        if "/" not in r.name:
-            continue
-        if TAG_QUANTIZED in r.tags:
-            carried.setdefault(r.module, set()).add(TAG_QUANTIZED)
-        if r.kind == KIND_RNG and TAG_REPLAYED not in r.tags and r.name not in shared:
-            carried.setdefault(r.module, set()).add(TAG_DRAWS_RANDOM)
-    keep = [r if r.kind != KIND_OUTPUT or not carried.get(r.module)
-            else replace(r, tags=tuple(sorted(set(r.tags) | carried[r.module])))
-            for r in bundle.records if "/" not in r.name or r.kind == KIND_RNG]
-    return Bundle(bundle.path, bundle.manifest, keep, bundle._source)
 
 
 def _summary(runtime: str, report: Any, ref_nan: NanOrigin, cand_nan: NanOrigin, escapes: bool,

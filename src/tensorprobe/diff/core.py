@@ -34,6 +34,7 @@ from .align import (MATCH_READER_REPACKED, MATCH_READER_T, Pair, Rule, align, de
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .fusion import fused_successors, held_transposed
+from .views import comparable_view
 from .layout import (REORDER_MIN_ERROR, TAG_COMPARED_TRANSPOSED, TAG_LAYOUT, TRANSPOSED, closest_transpose, find_layout,
                      in_reference_layout)
 from .metrics import Sums, accumulate, evaluate
@@ -83,6 +84,7 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
     """
     criteria = Criteria(atol, rtol, min_corr, min_snr)
     ref_b, cand_b = _open(ref), _open(cand)
+    cand_b = comparable_view(ref_b, cand_b)       # a runtime's op records against module-level records
     rule_list = _rules(rules)
     angle_res = _compile_all(angles, "--angle")
     db_res = _db_specs(db)
