@@ -77,14 +77,18 @@ def test_an_instance_norm_eps_change_is_its_own_and_near_constant_channels_stay_
 
 
 def test_the_inherited_error_follows_each_groups_spread():
-    """Two groups, one near-constant: an input error the size of its spread there is passed on whole."""
+    """Two groups, one near-constant: an input error the size of its spread there is passed on whole; so is
+    the norm's own rounding of a variance whose mean dwarfs it (float32: 8 units x E[x²]/var, 2.5e9 here)."""
     rng = np.random.default_rng(0)
     x = np.stack([rng.normal(size=400), 5 + 1e-4 * rng.normal(size=400)])[None]        # (1, 2, 400)
     y = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True)
     d = np.zeros_like(x)
     d[0, 1] = 1e-4 * rng.normal(size=400)                                              # error ~ its spread
-    assert inherited_norm_error(x, x + d, y) > 0.5
+    assert inherited_norm_error(x, x + d, y, unit=0.0) > 0.5
     d = np.zeros_like(x)
     d[0, 0] = 1e-4 * rng.normal(size=400)
+    assert inherited_norm_error(x, x + d, y, unit=0.0) < 1e-3
+    assert inherited_norm_error(x, x + d, y) > 100                                        # the silent group's rounding
+    x[0, 1] -= 5                                                                          # the offset gone
     assert inherited_norm_error(x, x + d, y) < 1e-3
     assert inherited_norm_error(x, x + d, y[..., :-1]) is None                           # shapes differ

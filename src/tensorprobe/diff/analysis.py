@@ -654,7 +654,9 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
             return replace(p, cause=CAUSE_WEIGHTS, origin=bad.name)
     if p.status == STATUS_SHAPE or p.kind == KIND_MODEL_INPUT:
         return replace(p, cause=CAUSE_OWN, origin=p.name)
-    if TAG_FUSED in p.tags:   # its input is the record the port fused it with: no value of the port shows it
+    if TAG_FUSED in p.tags and TAG_QUANTIZED not in p.tags:
+        # its input is the record the port fused it with: no value of the port shows it (a fused value computed
+        # with quantized arithmetic, a norm folded into an int8 conv, is judged as quantized below)
         partner = next((t[len(TAG_FUSED_WITH):] for t in p.tags if t.startswith(TAG_FUSED_WITH)), "the record before it")
         return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=(
             f"the port computes it in one value with {partner} (fused), so the difference is made in one of the two"))

@@ -5,8 +5,9 @@ groups the statistics of the whole tensor do not show: `explain.predicted_gain` 
 max|x|/sqrt(eps) (hundreds), and a norm whose own arithmetic changed (an eps of 1e-1 for 1e-5, a variance
 computed another way) read "amplified rounding". With both sides' input and output kept, the error the norm
 inherits can be computed: for each group g of the input, the error of the normalized group to first order is
-the centred input error against the centred input, ||c(δx_g)|| / ||c(x_g)||; summed over groups, weighted by
-their share of the output. The norm's grouping is not recorded (LayerNorm: the last dims; InstanceNorm: each
+the centred input error against the centred input, ||c(δx_g)|| / ||c(x_g)||, plus the norm's own rounding
+through the group's conditioning (u·E[x²]/var: a silent channel on an offset); summed over groups, weighted
+by their share of the output. The norm's grouping is not recorded (LayerNorm: the last dims; InstanceNorm: each
 channel over time; GroupNorm: channel groups), so every plausible grouping is tried and the largest kept:
 what a norm does to its input error can be no worse than that, twice over (the variance's own error).
 
@@ -29,17 +30,23 @@ import numpy as np
 
 from ..record import TAG_INPUTS_UNRECORDED, Record
 from .explain import family
-from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, OWN_MARGIN
+from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, LOCAL_UNITS, OWN_MARGIN
 from .result import PairResult
 
 VARIANCE_TERM = 2.0      # the variance's own error adds at most as much as the centred input's, to first order
+ROUNDING_CAP = 1e6       # a constant group's rounding term (its spread is zero): large, finite
 
 
 def inherited_norm_error(x_ref: np.ndarray, x_cand: np.ndarray, y_ref: np.ndarray,
-                         gamma_rms: float = 1.0) -> float | None:
-    """The relative error a normalization of `x_ref` passes on when its input is `x_cand` instead (first
-    order, the largest over the plausible groupings, the variance's term included); None when the values do
-    not allow it (shapes differ, non-finite values, a silent output)."""
+                         gamma_rms: float = 1.0, unit: float = 2.0 ** -24) -> float | None:
+    """The relative error a normalization of `x_ref` passes on when its input is `x_cand` instead, plus its
+    own rounding (`unit`) through each group's conditioning (first order, the largest over the plausible
+    groupings, the variance's term included); None when the values do not allow it (shapes differ,
+    non-finite values, a silent output).
+
+    The rounding term: a variance computed as E[x²] − E[x]² (a one-pass kernel) is off by ~u·E[x²] summed
+    over the group, so a group whose mean dwarfs its spread (a silent channel riding on an offset) comes out
+    with its σ off by u·E[x²]/var: that is the port's rounding, amplified, not a change of its own."""
     if x_ref.shape != x_cand.shape or x_ref.shape != y_ref.shape or x_ref.ndim < 2 or x_ref.size == 0:
         return None
     x = x_ref.astype(np.float64, copy=False)
@@ -51,7 +58,10 @@ def inherited_norm_error(x_ref: np.ndarray, x_cand: np.ndarray, y_ref: np.ndarra
     worst = 0.0
     for xs, ds, ys in _groupings(x, d, y):
         cx, cd = xs - xs.mean(axis=1, keepdims=True), ds - ds.mean(axis=1, keepdims=True)
-        e2 = np.sum(cd * cd, axis=1) / np.maximum(np.sum(cx * cx, axis=1), 1e-300)
+        spread = np.maximum(np.sum(cx * cx, axis=1), 1e-300)
+        rounding = np.minimum(LOCAL_UNITS * unit * np.sum(xs * xs, axis=1) / spread,
+                              ROUNDING_CAP)
+        e2 = np.sum(cd * cd, axis=1) / spread + rounding * rounding
         by_share = float(np.sum(e2 * np.sum(ys * ys, axis=1))) / y2                 # each group's output energy
         by_size = float(np.sum(e2) * xs.shape[1] * gamma_rms ** 2) / y2            # a unit-variance group, scaled
         worst = max(worst, by_share, by_size)
@@ -101,13 +111,21 @@ def _judged_on_values(p: PairResult, src: PairResult, by_name: Mapping[str, Reco
         return p        # a side kept statistics only: the bound from statistics stands
     weight = _held(ref_bundle, f"{rec.module}.weight" if rec.module else "weight")
     gamma = float(np.sqrt(np.mean(weight.astype(np.float64) ** 2))) if weight is not None and weight.size else 1.0
-    inherited = inherited_norm_error(*arrays, gamma_rms=gamma)
+    inherited = inherited_norm_error(*arrays, gamma_rms=gamma, unit=_unit(rec, ref_bundle, cand_bundle, src))
     if inherited is None or e <= OWN_MARGIN * max(inherited, p.rounding or 0.0):
         return p
     return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=(
         f"its input's error ({src.rel_err or 0.0:.2g}), carried through the normalization as measured on both "
         f"sides' values (each group's centred error against its spread), makes at most {inherited:.2g} of its "
         f"{e:.2g}: the rest is its own (its eps, its variance or its affine parameters)"))
+
+
+def _unit(rec: Record, ref_bundle: Any, cand_bundle: Any, src: PairResult) -> float:
+    """The unit roundoff of the coarser side's dtype at this norm (float32's 2^-24 at least)."""
+    units = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53}
+    cand = cand_bundle.get(src.cand_name)
+    dtypes = {rec.dtype, cand.dtype if cand is not None else None}
+    return max([units.get(d, 2.0 ** -24) for d in dtypes if d] or [2.0 ** -24])
 
 
 def _held(bundle: Any, name: str) -> np.ndarray | None:

@@ -30,7 +30,7 @@ from .align import Alignment, Pair
 from .evidence import CAND_ONLY, UNPAIRED
 from .explain import family
 from .layout import TAG_LAYOUT
-from .noise import CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_WEIGHTS, OWN_MARGIN
+from .noise import CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_WEIGHTS, OWN_MARGIN
 from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
                      TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN, PairResult)
 
@@ -61,8 +61,8 @@ def fused_successors(results: list[PairResult], alignment: Alignment,
             out.append(p)
             continue
         moved = compare(Pair(nxt, pair.cand, pair.method))
-        closer = moved.passed or (moved.rel_err is not None and p.rel_err is not None
-                                  and moved.rel_err * FUSED_CLOSER < p.rel_err)
+        now, then = _error_seen(moved), _error_seen(p)
+        closer = moved.passed or (now is not None and then is not None and now * FUSED_CLOSER < then)
         if not moved.compared or not closer:
             out.append(p)
             continue
@@ -73,6 +73,12 @@ def fused_successors(results: list[PairResult], alignment: Alignment,
         out.append(replace(moved, tags=moved.tags + (TAG_FUSED, TAG_FUSED_WITH + p.name)))
         del ref_only[nxt.name]
     return sorted(out, key=lambda q: q.order), list(ref_only.values())
+
+
+def _error_seen(p: PairResult) -> float | None:
+    """A pair's relative error as well as it is known: measured, else estimated from the two sketches (a
+    statistics-only capture; an int8 conv with a norm folded in is 1% from the norm, not 0.5 as from the conv)."""
+    return p.rel_err if p.rel_err is not None else p.metrics.get("rel_l2_err_estimate")
 
 
 def held_transposed(results: list[PairResult]) -> list[PairResult]:
@@ -150,14 +156,17 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
             for w in ws:
                 folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
                                   f"agrees{how}: the port folded it into what follows")
-        elif after is not None and after.failed and after.cause in (CAUSE_INHERITED, CAUSE_AMPLIFIED) and \
-                family(after.op) == "norm":
-            # the norm that follows fails by the error it inherits from before: it cannot tell a weight the
-            # exporter folded it into from a bad one, and folding is what exporters do to a conv before a norm
+        elif after is not None and after.failed and after.cause in (CAUSE_INHERITED, CAUSE_AMPLIFIED,
+                                                                      CAUSE_QUANTIZED) and family(after.op) == "norm":
+            # the norm that follows fails by the error it inherits from before (or by int8's, folded into an
+            # int8 conv): it cannot tell a weight the exporter folded it into from a bad one, and folding is
+            # what exporters do to a conv before a norm
+            by = ("int8's error (the port computes it with quantized arithmetic)" if after.cause == CAUSE_QUANTIZED
+                  else f"the error it inherits from {after.origin or 'before it'}")
             for w in ws:
                 folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
-                                  f"fails by the error it inherits from {after.origin or 'before it'}: the port "
-                                  "folded it into what follows, or it differs too; this run cannot tell")
+                                  f"fails by {by}: the port folded it into what follows, or it differs too; this "
+                                  "run cannot tell")
     if not folded and not failed_on:
         return forward, weights
     forward = [failed_on.get(p.name, p) for p in forward]

@@ -127,6 +127,23 @@ def chain_of_path(path: str, call: int = 0) -> Chain:
     return tuple((".".join(parts[:k]), 0) for k in range(1, len(parts))) + ((path, call),)
 
 
+def chain_within(path: str, by_path: dict[str, Chain]) -> Chain:
+    """The chain of module `path` as the graph's scoped nodes show its ancestors: a scoped node's own chain,
+    else the chain of its deepest scoped ancestor with `path` appended, else `chain_of_path`. A container
+    that is never called (`flows`, a ModuleList) is in no scoped chain, and a chain that invents it shares no
+    prefix with its siblings' (('flows.0', 0) ...): what sits between them would fall to the root."""
+    if path in by_path:
+        return by_path[path]
+    best: Chain = ()
+    for chain in by_path.values():
+        for k, (p, _) in enumerate(chain):
+            if p == path:
+                return chain[:k + 1]
+            if path.startswith(p + ".") and k + 1 > len(best):
+                best = chain[:k + 1]
+    return best + ((path, 0),) if best else chain_of_path(path)
+
+
 def _meta(node: Any) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props}
 
@@ -270,38 +287,33 @@ class GraphNamer:
     def _fill_clusters(self, chains: list[Chain | None], by_path: dict[str, Chain]) -> None:
         """Scope the nodes their names and metadata leave unscoped, cluster by connected cluster.
 
-        The nodes that read a module's weights are that module's (the ConvInteger, rescale and bias Add a
-        quantizer puts in place of `conv1`'s Conv), and so are the nodes that only feed them (the quantizer
-        of its input); the rest of the cluster (what their result feeds, an old export's ops between
-        modules) is split and scoped by its neighbours (`_cluster_scope`)."""
+        A cluster that reads the weights of one module is that module's where it computes that module's
+        output: the nodes reading its weights and the quantizer's own (the DynamicQuantizeLinear of its input,
+        the ConvInteger, Cast, rescale and bias Add it puts in place of `conv1`'s Conv). What their result
+        feeds (a Split of a quantized STFT conv's output, unscoped in the float export too) is scoped by its
+        neighbours, as it would be without the quantizer. A cluster that reads several modules' weights (an
+        old export that names no scope at all) gives each weight reader its module and splits."""
         for members in self._clusters([i for i, c in enumerate(chains) if c is None]):
-            owners = self._feeding_owners(members, {i: self._weight_module(self.nodes[i]) for i in members})
+            owners = {i: self._weight_module(self.nodes[i]) for i in members}
             modules = set(owners.values()) - {None}
+            if len(modules) == 1:
+                (path,) = modules
+                owners = {i: path if owner or self._quantizer_node(self.nodes[i]) else None
+                          for i, owner in owners.items()}
             for i, path in owners.items():
                 if path is not None:
-                    chains[i] = by_path.get(path) or chain_of_path(path)
-            # what the weight readers' results feed (a Split of a quantized STFT conv's output, unscoped in
-            # the export too) is scoped as it would be without the quantizer: by its neighbours
+                    chains[i] = chain_within(path, by_path)
             rest = [i for i in members if chains[i] is None]
             for part in self._clusters(rest) if modules else [members]:
                 chain = self._cluster_scope(part, chains)
                 for i in part:
                     chains[i] = chain
 
-    def _feeding_owners(self, members: list[int], owners: dict[int, str | None]) -> dict[int, str | None]:
-        """`owners` with each unowned member whose results feed only nodes of one module (the quantizer of a
-        conv's input, the product of its scales) given that module: they compute its output too."""
-        owners = dict(owners)
-        changed = True
-        while changed:
-            changed = False
-            for i in members:
-                if owners[i] is not None:
-                    continue
-                users = {owners.get(j) for o in self.nodes[i].output for j in self.consumers.get(o, ())}
-                if len(users) == 1 and None not in users:
-                    owners[i], changed = users.pop(), True
-        return owners
+    def _quantizer_node(self, node: Any) -> bool:
+        """A node a quantizer put in: every value it makes is in the integer domain (a quantized activation,
+        a scale, a zero point) or holds an integer kernel's result (its accumulator, Cast, rescale, bias)."""
+        outs = [o for o in node.output if o]
+        return bool(outs) and all(self.roles.integer(o) or self.roles.kernel_of(o) is not None for o in outs)
 
     def _clusters(self, nodes: list[int]) -> list[list[int]]:
         """`nodes` split into sets connected through values one of them makes and another reads."""
