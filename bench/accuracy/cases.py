@@ -16,13 +16,15 @@ from .archs import ARCHS
 from .bugs import BUGS
 
 # ports and what makes them (ports.py); levels and the capture options they stand for
-PORTS = ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "aot_eager")
+PORTS = ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "aot_eager")
 LEVELS = {"module-stats": ("module", "stats"), "module-full": ("module", "full"), "op-full": ("op", "full")}
 SIXTEEN_BIT = ("fp16", "bf16")
+# ports whose own error is far above float32 rounding: bugs of the order of their error have no truth to find
+COARSE = (*SIXTEEN_BIT, "onnx-int8")
 # bugs whose effect is of the order of float16 rounding: a 16-bit port has no truth to find for them
 SUBTLE = ("eps", "approx_activation", "one_pass_variance", "fp16_module")
 # a candidate made with torch.onnx takes positional inputs only (tensorprobe compare refuses a dict)
-POSITIONAL_ONLY = ("onnx", "onnx-legacy")
+POSITIONAL_ONLY = ("onnx", "onnx-legacy", "onnx-int8")
 
 
 @dataclass(frozen=True)
@@ -57,12 +59,12 @@ class Case:
     def strength(self) -> float:
         """How far a numeric bug moves its module: far above the port's own rounding (bfloat16's 4e-3 steps
         accumulate to a few percent over a small net, float16's 5e-4 to ~1e-2, float32's to ~1e-6)."""
-        return {"bf16": 0.5, "fp16": 0.3}.get(self.port, 0.02)
+        return {"bf16": 0.5, "fp16": 0.3, "onnx-int8": 0.3}.get(self.port, 0.02)
 
     @property
     def min_effect(self) -> float:
         """The least relative change of the planted module's own output that is a truth to find on this port."""
-        return {"bf16": 0.15, "fp16": 0.03}.get(self.port, 1e-4)
+        return {"bf16": 0.15, "fp16": 0.03, "onnx-int8": 0.05}.get(self.port, 1e-4)
 
 
 def port_takes(arch: str, port: str) -> bool:
@@ -79,7 +81,7 @@ FLOAT16_ARITHMETIC = ("one_pass_variance", "fp16_module")
 
 
 def applicable(arch: str, port: str, bug: str, site: str) -> bool:
-    return port_takes(arch, port) and not (port in SIXTEEN_BIT and bug in SUBTLE) and \
+    return port_takes(arch, port) and not (port in COARSE and bug in SUBTLE) and \
         not (port in POSITIONAL_ONLY and bug in FLOAT16_ARITHMETIC)
 
 

@@ -7,7 +7,8 @@ an exported file) and score each verdict against the truth it was built with.
 
 A case's reference is the architecture as built; its candidate is a second build of the same seed with the bug
 planted (or none), made into the port: run in PyTorch as is, cast to float16/bfloat16, compiled by aot_eager, or
-exported to ONNX (dynamo or legacy exporter) and run in ONNX Runtime. A bug whose effect on its module's own
+exported to ONNX (dynamo or legacy exporter; or dynamo then ONNX Runtime's `quantize_dynamic`, int8 weights) and
+run in ONNX Runtime. A bug whose effect on its module's own
 output is below the port's rounding has no truth to find: such a case is `void` and not scored.
 """
 
@@ -111,6 +112,8 @@ def _onnx_port(case: Case, ref: Built, cand: Built, out: Path) -> Any:
     exporter = "legacy" if case.port == "onnx-legacy" else "dynamo"
     torch.manual_seed(0)
     path = export_onnx(cand.model, cand.inputs, out / "cand.onnx", exporter=exporter)
+    if case.port == "onnx-int8":        # ONNX Runtime's own dynamic quantization of that export (int8 weights)
+        path = _int8(path, out / "cand.int8.onnx")
     if any("Noise" in type(m).__name__ for m in ref.model.modules()):
         torch.manual_seed(0)
         return compare(ref.model, ref.inputs, "onnxruntime", artifact=path, out=out / "cmp", replay_rng=True).diff
@@ -120,6 +123,16 @@ def _onnx_port(case: Case, ref: Built, cand: Built, out: Path) -> Any:
     cand_bundle = get_runtime("onnxruntime").capture_artifact(path, [t.numpy() for t in cand.inputs],
                                                               out / "cand", keep=keep)
     return tp.diff(ref_bundle, cand_bundle)
+
+
+def _int8(path: Path, to: Path) -> Path:
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.getLogger().setLevel(logging.ERROR)      # "consider pre-processing": advice, not a result
+    quantize_dynamic(str(path), str(to), weight_type=QuantType.QInt8)
+    return to
 
 
 def _module(record: str) -> str:
@@ -174,7 +187,7 @@ def run_case(case: Case, workdir: str | Path | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(dir=workdir, prefix="tp-acc-") as tmp:
             out = Path(tmp)
             ref, cand = _build(case, planted=False), _build(case, planted=True)
-            if case.port in ("onnx", "onnx-legacy"):
+            if case.port in ("onnx", "onnx-legacy", "onnx-int8"):
                 report = _onnx_port(case, ref, cand, out)
             else:
                 level, keep = LEVELS[case.level]

@@ -668,7 +668,9 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
             f"the candidate computes {p.cand_name} from random draws of its own (not replayed from the "
             "reference): replay them (`tensorprobe rng`, --replay-rng) to compare the arithmetic"))
     if TAG_QUANTIZED in p.tags or quantized_input is not None:
-        if src is None or not src.failed or src.cause == CAUSE_QUANTIZED and TAG_QUANTIZED in p.tags:
+        # (a weight of the record the port fused it with differs by the folding itself: no evidence)
+        folded_in = TAG_FUSED in p.tags and src is not None and src.kind in WEIGHT_KINDS
+        if src is None or not src.failed or src.cause == CAUSE_QUANTIZED and TAG_QUANTIZED in p.tags or folded_in:
             own_q = TAG_QUANTIZED in p.tags
             return replace(p, cause=CAUSE_QUANTIZED, origin=p.name if own_q else quantized_input, explanation=(
                 f"the candidate computes {p.cand_name} with quantized arithmetic" if own_q else

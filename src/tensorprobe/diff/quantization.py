@@ -117,20 +117,31 @@ def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list
         return results
     out = []
     for p in results:
-        if TAG_QUANTIZED in p.tags and p.failed and p.rel_err is not None:
+        e = _error_known(p)
+        if TAG_QUANTIZED in p.tags and p.failed and e is not None:
             ref, cand = ref_bundle.get(p.name), cand_bundle.get(p.cand_name)
             q = expected_noise(ref, cand, cand_bundle) if ref is not None and cand is not None else None
             if q is not None:
                 ins = [i for i in map(ref_bundle.get, ref.inputs) if i is not None]
-                p = _with_finding(p, q, rescaled_op(cand.tags), predicted_gain(ref, ins))
+                p = _with_finding(p, q, rescaled_op(cand.tags), predicted_gain(ref, ins), e)
         out.append(p)
     return out
 
 
-def _with_finding(p: PairResult, q: QuantNoise, op: str | None, gain: float) -> PairResult:
+def _error_known(p: PairResult) -> float | None:
+    """A pair's relative error: measured, else the larger of what its statistics prove and its sketches
+    estimate (a statistics-only capture), None when neither is known."""
+    if p.rel_err is not None:
+        return p.rel_err
+    seen = [v for v in (p.metrics.get("rel_l2_err_lower"), p.metrics.get("rel_l2_err_estimate"))
+            if v is not None and math.isfinite(v)]
+    return max(seen) if seen else None
+
+
+def _with_finding(p: PairResult, q: QuantNoise, op: str | None, gain: float, e: float) -> PairResult:
     """`op`: the float op an int8 kernel's result stands for (None for a QDQ copy, whose error beyond its rounding
-    is what its input brings, amplified as its consumer's op allows: not judged here)."""
-    e, e_in = p.rel_err or 0.0, p.input_rel_err or 0.0
+    is what its input brings, amplified as its consumer's op allows: not judged here); `e`: its error."""
+    e_in = p.input_rel_err or 0.0
     explained = math.hypot(q.expected, gain * e_in)
     if op is not None and p.cause in (CAUSE_QUANTIZED, CAUSE_INHERITED) and e > FAR * explained:
         why = (f"relative error {e:.3g} is {e / explained:,.0f}x what int8 explains here ({q.words()}; its inputs "

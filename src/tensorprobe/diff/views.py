@@ -41,7 +41,11 @@ def module_view(bundle: Bundle, shared_draws: Sequence[str] = (), differ: Sequen
     keep = [r if r.kind != KIND_OUTPUT or not carried.get(r.module)
             else replace(r, tags=tuple(sorted(set(r.tags) | carried[r.module])))
             for r in bundle.records if "/" not in r.name or r.kind == KIND_RNG]
-    return Bundle(bundle.path, {**bundle.manifest, VIEW_KEY: LEVEL_MODULE}, keep, bundle._source)
+    view = Bundle(bundle.path, {**bundle.manifest, VIEW_KEY: LEVEL_MODULE}, keep, bundle._source)
+    # looked up by name, the op records are still there: a quantized record's `quant:` tag names its scale and
+    # its input's record, which `diff` reads to tell int8's error from a bug
+    view._by_name = {**{r.name: r for r in bundle.records}, **view._by_name}
+    return view
 
 
 def capture_level(bundle: Bundle) -> str | None:
