@@ -78,6 +78,9 @@ def targets(tmp_path):
 def test_a_wrapped_fp16_port_is_matched_by_its_module_names_and_found_only_where_it_overflows(targets, tmp_path):
     quiet = sweep(f"{targets}:fp16_quiet", tmp_path / "quiet", workers=1)
     assert quiet.done == 4 and quiet.findings == 0           # was 4 of 4 'diverged at <root>, amplified'
+    # no plain run that could only fail float32's ceiling: each item says why it went to tier 2
+    assert {r["tier1"] for r in ResultStore(tmp_path / "quiet").read().values()} == {
+        "a float16 candidate: tier 1 judges float32 ports only"}
     loud = sweep(f"{targets}:fp16_loud", tmp_path / "loud", workers=1)
     latest = ResultStore(tmp_path / "loud").read()
     assert {n for n, r in latest.items() if r["finding"]} == {"L-1", "L-3"}

@@ -64,6 +64,11 @@ class TieredWorker(SweepWorker):
         return record
 
     def _run_tiers(self, name: str) -> dict[str, Any]:
+        coarse = self._coarse_candidate()
+        if coarse is not None and self._tier1_applies() and name not in self.tiering.sample:
+            record = super().run(name)      # tier 1's ceiling is float32 rounding: no such port passes it
+            record["tier"], record["tier1"] = 2, f"a {coarse} candidate: tier 1 judges float32 ports only"
+            return record
         if self._tier1_applies() and name not in self.tiering.sample:
             start = time.perf_counter()
             try:
@@ -83,6 +88,15 @@ class TieredWorker(SweepWorker):
 
     def _tier1_applies(self) -> bool:
         return self.tiering.tier1 and self.sweep.pipeline is None
+
+    def _coarse_candidate(self) -> str | None:
+        """'float16' or 'bfloat16' for a PyTorch candidate whose weights are held so (a .half() port): its
+        faithful outputs differ by its own rounding, far above tier 1's ceiling, so every item goes to tier 2
+        without a plain run that could only fail."""
+        if not isinstance(self.candidate, torch.nn.Module):
+            return None
+        dtypes = {p.dtype for p in self.candidate.parameters() if p.is_floating_point()}
+        return next((str(d).removeprefix("torch.") for d in (torch.float16, torch.bfloat16) if d in dtypes), None)
 
     # ---- tier 1 ---------------------------------------------------------------------------------------
     def _tier1(self, name: str) -> tuple[dict[str, Any] | None, str]:
