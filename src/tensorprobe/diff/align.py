@@ -137,7 +137,8 @@ def parse_rules(lines: Iterable[str | Rule], where: str = "rules") -> list[Rule]
 
 def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] = (), *,
           runtime_names: bool | None = None,
-          outputs: tuple[Sequence[str], Sequence[str]] = ((), ())) -> Alignment:
+          outputs: tuple[Sequence[str], Sequence[str]] = ((), ()),
+          readers: Iterable[Record] | None = None) -> Alignment:
     """Pair records: each class with its own kind (weights with weights, model inputs with model inputs,
     model outputs with model outputs, the forward's records with the forward's), by exact name, then
     `rules`, then as the class allows: weights by identical content, model inputs and outputs by position,
@@ -151,6 +152,8 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
             the same runtime and share most value names.
         outputs: each side's model-output record names in the model's own order (`declared_outputs`), where
             it is not the order they were recorded in (an ONNX graph's outputs are recorded as computed).
+        readers: the candidate records to find weight readers in (default `cand`): a module view's op
+            records, which are not paired, still tell which op reads a renamed weight.
 
     Example:
         >>> a = align(ref_bundle, cand_bundle, [parse_rule(r"dec\\.(.*)=decoder.\\1")])  # doctest: +SKIP
@@ -177,7 +180,7 @@ def align(ref: Iterable[Record], cand: Iterable[Record], rules: Sequence[Rule] =
         _match_rules(c_cls, by_ref, rules, matched, used)
         if cls == _WEIGHTS:
             _match_digest(r_cls, c_cls, matched, used)
-            _match_readers(r_cls, c_cls, cands, matched, used)
+            _match_readers(r_cls, c_cls, cands if readers is None else list(readers), matched, used)
         elif cls == _INPUTS:
             _match_position(in_model_order(r_cls, ()), in_model_order(c_cls, ()), matched, used)
         elif cls == _OUTPUTS:

@@ -36,6 +36,7 @@ from ..stats.sketch import ESTIMATE_MARGIN
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
 from .conditioning import measured_norm_causes
+from .views import every_record
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
@@ -86,13 +87,13 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = with_nonfinite_diagnoses(forward, ref_bundle, cand_bundle)
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
     if cand_bundle is not None:
-        forward = missing_weights(forward, weights, ref_records, cand_bundle.records)   # a bias the port lacks
+        forward = missing_weights(forward, weights, ref_records, every_record(cand_bundle))   # a bias the port lacks
     forward = folded_predecessors(forward, ref_records)     # the port has no value of the record before it
     if compare is not None and ref_bundle is not None and cand_bundle is not None:   # an op only the port has
         forward = changed_by_port_ops(forward, ref_bundle, cand_bundle, criteria, compare, noise)
     forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
     forward, weights = judge_weight_readers(forward, weights, ref_records)   # folded, or unseen by statistics
-    notes = list(notes) + [n for n in (graph_note, integer_domain_note(cand_only, cand_bundle),
+    notes = list(notes) + [n for n in (graph_note, integer_domain_note([*cand_only, *(r.name for r in getattr(cand_bundle, 'hidden', ()))], cand_bundle),
                                        folded_note(weights)) if n]
     failing = [p for p in forward if p.failed]
     declared = declared_outputs(getattr(ref_bundle, "manifest", None) or {})   # the graph's output order

@@ -34,7 +34,7 @@ from .align import (MATCH_READER_REPACKED, MATCH_READER_T, Pair, Rule, align, de
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
 from .fusion import fused_successors, held_transposed
-from .views import comparable_view
+from .views import comparable_view, every_record
 from .layout import (REORDER_MIN_ERROR, TAG_COMPARED_TRANSPOSED, TAG_LAYOUT, TRANSPOSED, closest_transpose, find_layout,
                      in_reference_layout)
 from .metrics import Sums, accumulate, evaluate
@@ -89,7 +89,8 @@ def diff(ref: Bundle | str | os.PathLike, cand: Bundle | str | os.PathLike, *,
     angle_res = _compile_all(angles, "--angle")
     db_res = _db_specs(db)
     alignment = align(ref_b.records, cand_b.records, rule_list,
-                      outputs=(declared_outputs(ref_b.manifest), declared_outputs(cand_b.manifest)))
+                      outputs=(declared_outputs(ref_b.manifest), declared_outputs(cand_b.manifest)),
+                      readers=every_record(cand_b))
     inconsistent = inconsistent_order_pairs(alignment)
     ref_env, cand_env = ref_b.manifest.get("environment"), cand_b.manifest.get("environment")
     cand_of = {p.ref.name: p.cand for p in alignment.pairs}

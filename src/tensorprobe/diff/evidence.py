@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..record import KIND_INPUT, TAG_INPUTS_MADE_IN, TAG_INPUTS_UNRECORDED, WEIGHT_KINDS, Record
 from .noise import CAUSE_OWN
 from .result import STATUS_NO_DATA, PairResult
+from .views import every_record
 
 UNPAIRED, NOT_COMPARED, CAND_ONLY = "unpaired", "not compared", "candidate only"
 # the reference's record reads these, the candidate's reads nothing recorded: code no record shows made its input
@@ -87,8 +88,9 @@ def with_uncompared_inputs(forward: Sequence[PairResult], weights: Sequence[Pair
     pairs = {p.name: p for p in (*weights, *forward)}
     cand_paired = frozenset(p.cand_name for p in pairs.values())
     ref_kinds = {r.name: r.kind for r in ref_records}
-    cand_kinds = {r.name: r.kind for r in cand_bundle.records} if cand_bundle is not None else None
-    cand_graph = cand_bundle is not None and _records_inputs(cand_bundle.records)
+    cand_records = every_record(cand_bundle) if cand_bundle is not None else []    # a module view's op records too
+    cand_kinds = {r.name: r.kind for r in cand_records} if cand_bundle is not None else None
+    cand_graph = cand_bundle is not None and _records_inputs(cand_records)
     out = []
     for p in forward:
         if p.failed and p.cause == CAUSE_OWN:

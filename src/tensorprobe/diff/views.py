@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..bundle import Bundle
-from ..record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED
+from ..record import KIND_OUTPUT, KIND_RNG, TAG_DRAWS_RANDOM, TAG_QUANTIZED, TAG_REPLAYED, Record
 
 LEVEL_MODULE, LEVEL_RUNTIME = "module", "runtime"
 VIEW_KEY = "view"          # manifest key of a view: what it leaves out ("module": a runtime's op records)
@@ -43,9 +43,17 @@ def module_view(bundle: Bundle, shared_draws: Sequence[str] = (), differ: Sequen
             for r in bundle.records if "/" not in r.name or r.kind == KIND_RNG]
     view = Bundle(bundle.path, {**bundle.manifest, VIEW_KEY: LEVEL_MODULE}, keep, bundle._source)
     # looked up by name, the op records are still there: a quantized record's `quant:` tag names its scale and
-    # its input's record, which `diff` reads to tell int8's error from a bug
-    view._by_name = {**{r.name: r for r in bundle.records}, **view._by_name}
+    # its input's record, which `diff` reads to tell int8's error from a bug; and the ops that read a weight
+    # pair it with the reference's (`align`'s readers: a MatMul reading a Linear's weight stored transposed)
+    kept = {r.name for r in keep}
+    view.hidden = tuple(r for r in bundle.records if r.name not in kept)
+    view._by_name = {**{r.name: r for r in view.hidden}, **view._by_name}
     return view
+
+
+def every_record(bundle: Bundle) -> list[Record]:
+    """The records of a bundle, a view's hidden ones included (what reads a weight, in the runtime's graph)."""
+    return [*bundle.records, *getattr(bundle, "hidden", ())]
 
 
 def capture_level(bundle: Bundle) -> str | None:
