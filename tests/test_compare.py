@@ -277,3 +277,33 @@ def _target(cwd, factory):
 
     t = load_target(f"{cwd / 'vad.py'}:{factory}")
     return t.model, t.args
+
+
+class DropoutKeptOn(torch.nn.Module):
+    """Dropout left on at inference on purpose (MC dropout): the model's own eval() is not the user's."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.front = torch.nn.Conv1d(4, 8, 3, padding=1)
+        self.drop = torch.nn.Dropout(0.2)
+        self.head = torch.nn.Conv1d(8, 1, 1)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.tanh(self.front(x))))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+def test_compare_leaves_the_users_training_flags_and_captures_the_model_as_given(tmp_path, replay):
+    """The export runs in eval mode; the reference is the user's model as handed over. With dropout kept on, the
+    export has no dropout: the reference's draws have no counterpart and the run diverges, with or without
+    replay (replay was a match at 136 dB: the export had left the model in eval mode). The same model put in
+    eval mode by its user matches."""
+    x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(3))
+    model = DropoutKeptOn().eval()
+    model.drop.train()
+    res = compare(model, [x], "onnxruntime", replay_rng=replay, out=tmp_path / "on")
+    assert model.drop.training and not model.training and not model.front.training
+    assert res.diff.verdict == "diverged", res.diff.summary
+    model.drop.eval()
+    assert compare(model, [x], "onnxruntime", replay_rng=replay, out=tmp_path / "off").diff.verdict == "match"

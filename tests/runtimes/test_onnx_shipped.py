@@ -397,3 +397,37 @@ def test_a_scripted_while_loop_exported_by_torch_is_unrolled_and_matches_each_st
         model.proj.weight.mul_(1.01)   # a 1% conversion error in one weight
     report = tp.diff(b, tp.capture(model, h, out=tmp_path / "bug"), rules=rules)
     assert report.first_divergence == "Loop/Gemm.2" and report.pair("Loop/Gemm.2").cause == "weights"
+
+
+class SharedAct(torch.nn.Module):
+    """One LeakyReLU and one conv, each called twice: a user's dynamo file names both calls alike."""
+
+    def __init__(self, gain: float = 1.0):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1, self.c2 = torch.nn.Conv1d(8, 8, 3, padding=1), torch.nn.Conv1d(8, 8, 3, padding=1)
+        self.act = torch.nn.LeakyReLU(0.1)
+        self.gain = gain
+
+    def forward(self, x):
+        h = self.c2(self.act(self.c1(x)))
+        return self.c2(self.act(h * self.gain if self.gain != 1.0 else h))
+
+
+@pytest.mark.parametrize("gain", [1.0, 1.05])
+def test_a_users_dynamo_file_numbers_the_calls_of_a_shared_module(tmp_path, gain):
+    """`torch.onnx.export(dynamo=True)` as a user runs it keeps `name_scopes` without call indices: the second
+    call of `act` took the first call's name and a faithful file diverged at c2 (relative error 1). Calls are
+    numbered by where a module's result is read outside it: the faithful file matches; a gain the port applies
+    between the calls is found at the second call."""
+    from tensorprobe.compare import compare
+
+    x = torch.randn(1, 8, 50, generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "shared.onnx"
+    torch.onnx.export(SharedAct(gain).eval(), (x,), str(path), dynamo=True, verbose=False)
+    r = compare(SharedAct().eval(), [x], "onnxruntime", artifact=path, out=tmp_path / "cmp").diff
+    if gain == 1.0:
+        assert r.verdict == "match", r.summary
+        assert {"act", "act@1", "c2", "c2@1"} <= {p.name for p in r.pairs if p.compared}
+    else:
+        assert r.verdict == "diverged" and r.first_divergence == "act@1", r.summary

@@ -48,6 +48,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..diff.noise import LOCAL_UNITS, NOISE_UNITS, OWN_MARGIN as MARGIN, SAME_PRECISION_ROUNDOFF as U32
 from ..errors import InputError, TensorprobeError
+from ..modes import eval_mode
 from .functions import guard_atan2, record_random
 from .stft import conv_stft
 
@@ -364,17 +365,6 @@ def _own_class(cls: type) -> type:
     """A class like `cls` (same name, bases and attributes) that is no other module's."""
     attrs = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
     return type(cls.__name__, cls.__bases__, attrs)
-
-
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """`model` in eval mode inside, every module's training flag as it was after."""
-    flags = [(m, m.training) for m in model.modules()]
-    try:
-        yield model.eval()
-    finally:
-        for m, training in flags:
-            m.training = training
 
 
 def _resolve(rule: str | Rule) -> tuple[str, Rule]:

@@ -70,7 +70,7 @@ class ExecuTorchAdapter(RuntimeAdapter):
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, taps: bool = True,
                  backend: str | None = None, save: str | None = None, random: str = "keep") -> PteArtifact:
         backend = backend or self.backend
-        ep, info = export_tapped(model.eval(), inputs, taps=taps)
+        ep, info = export_tapped(model, inputs, taps=taps)
         random_zeros = False
         if random == "zeros":  # ExecuTorch has no random kernels; allowed only where the output ignores them
             rewritten, counts = rewrite_for_import(ep, random="zeros")
@@ -119,7 +119,7 @@ class ExecuTorchAdapter(RuntimeAdapter):
         it lowers), without running it."""
         self.require()
         try:
-            ep, _ = export_tapped(model.eval(), inputs, taps=False)
+            ep, _ = export_tapped(model, inputs, taps=False)
             with tempfile.TemporaryDirectory(prefix="tensorprobe-et-") as d:
                 lower_to_pte(ep, Path(d) / "m.pte", backend=self.backend, etrecord=None)
         except InputError as e:
@@ -129,7 +129,7 @@ class ExecuTorchAdapter(RuntimeAdapter):
     def run_module(self, module: torch.nn.Module, inputs: tuple, **options: Any) -> list[np.ndarray]:
         """Lower `module` alone, run it, return its outputs (for `components.isolate_components`)."""
         self.require()
-        ep, _ = export_tapped(module.eval(), inputs, taps=False)
+        ep, _ = export_tapped(module, inputs, taps=False)
         with tempfile.TemporaryDirectory(prefix="tensorprobe-et-") as d:
             pte = Path(d) / "m.pte"
             lower_to_pte(ep, pte, backend=options.get("backend", self.backend), etrecord=None)

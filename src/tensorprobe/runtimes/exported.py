@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten
 
+from ..modes import eval_mode
 from ..errors import InputError
 from ..record import ROOT, TAG_RANDOM_REPLACED, record_name
 
@@ -233,9 +234,10 @@ class TapInfo:
 
 
 def export_tapped(model: torch.nn.Module, inputs: tuple, *, taps: bool = True) -> tuple[Any, TapInfo]:
-    """`torch.export` `model` (wrapped in `TappedModule` when `taps`); raises InputError if export fails."""
-    module: torch.nn.Module = (TappedModule(model) if taps else _FlatOutputs(model)).eval()
-    with module.hooked() if taps else nullcontext():
+    """`torch.export` `model` (wrapped in `TappedModule` when `taps`) in eval mode, every module's training flag
+    as it was after; raises InputError if export fails."""
+    module: torch.nn.Module = TappedModule(model) if taps else _FlatOutputs(model)
+    with eval_mode(module), module.hooked() if taps else nullcontext():
         try:
             ep = torch.export.export(module, tuple(inputs))
         except Exception as e:  # torch.export raises many types; the message is what the user needs

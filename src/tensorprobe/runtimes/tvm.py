@@ -64,7 +64,7 @@ class TvmAdapter(RuntimeAdapter):
     def _prepare(self, model: torch.nn.Module, inputs: tuple, workdir: Path, *, taps: bool = True,
                  target: str = "llvm", random: str = "keep", kernels: bool | None = None,
                  save: str | None = None) -> TvmArtifact:
-        ep, info = export_tapped(model.eval(), inputs, taps=taps)
+        ep, info = export_tapped(model, inputs, taps=taps)
         executable, rewrites, replaced = compile_program(ep, inputs, target=target, random=random,
                                                          n_outputs=info.n_outputs)
         info = replace(info, replaced=replaced)
@@ -112,7 +112,7 @@ class TvmAdapter(RuntimeAdapter):
         from tvm import relax
 
         self.require()
-        ep, _ = export_tapped(module.eval(), inputs, taps=False)
+        ep, _ = export_tapped(module, inputs, taps=False)
         executable, _, _ = compile_program(ep, inputs, target=options.get("target", "llvm"),
                                         random=options.get("random", "keep"))
         vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -138,7 +138,7 @@ def import_program(ep: Any, inputs: tuple, *, random: str = "keep",
 
 def _import_error(model: torch.nn.Module, inputs: tuple) -> str | None:
     try:
-        ep, _ = export_tapped(model.eval(), inputs, taps=False)
+        ep, _ = export_tapped(model, inputs, taps=False)
         import_program(ep, inputs)
     except InputError as e:
         return str(e)

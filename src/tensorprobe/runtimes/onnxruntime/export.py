@@ -17,6 +17,7 @@ import torch
 
 from ...errors import InputError, TargetError
 from ...hooks import module_hooks
+from ...modes import eval_mode
 from .names import MODULE_OUTPUT_NODES_KEY, MODULE_OUTPUTS_KEY, SCOPE_KEY
 from .session import save_model
 
@@ -37,12 +38,17 @@ def export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: 
     Example:
         >>> export_onnx(model, (x,), Path("m.onnx"), exporter="dynamo")    # doctest: +SKIP
     """
+    with eval_mode(model):      # the exporter wants eval mode; the user's model keeps its own flags after
+        return _export_onnx(model, inputs, path, exporter=exporter, opset=opset, dynamic=dynamic)
+
+
+def _export_onnx(model: torch.nn.Module, inputs: tuple, path: Path, *, exporter: str, opset: int | None,
+                 dynamic: bool) -> Path:
     if exporter not in EXPORTERS:
         raise InputError(f"unknown exporter {exporter!r}; choose one of {', '.join(EXPORTERS)}")
     names = _input_names(model, len(inputs))
     kw = {} if opset is None else {"opset_version": opset}
     sink = io.StringIO()
-    model = model.eval()
     # The forward first, in PyTorch: a model that cannot run on these inputs (a wrong shape or dtype) is
     # that error, not an exporter's failure. The same run gives the shapes of tuple-returning modules.
     outputs = forward_outputs(model, tuple(inputs))

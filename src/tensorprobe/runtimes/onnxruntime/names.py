@@ -269,10 +269,41 @@ class GraphNamer:
                 by_path[chain[-1][0]] = chain
             chains.append(chain)
         _fix_legacy_calls(chains)
+        self._number_calls(chains)
         if self.rules.rules:    # with rules, a node they don't name stays at the root
             chains = [c if c is not None else () for c in chains]
         self._fill_clusters(chains, by_path)
         return [c if c is not None else () for c in chains]
+
+    def _number_calls(self, chains: list[Chain | None]) -> None:
+        """Call indices for the scopes a user's dynamo export names without them (`pkg.torch.onnx.name_scopes`:
+        the second call of a shared `act` is `act` again, and its value took the first call's name). A module's
+        call ends once a node outside it reads what it made; its next node starts the next call. (Scopes this
+        project stamps carry their call, and legacy names number theirs.)"""
+        named = [i for i, node in enumerate(self.nodes) if chains[i] and SCOPE_KEY not in _meta(node)
+                 and "pkg.torch.onnx.name_scopes" in _meta(node)]
+        if not named:
+            return
+        renumber = set(named)
+        call: dict[str, int] = {}
+        ended: set[str] = set()
+        for i, node in enumerate(self.nodes):
+            mine = {p for p, _ in chains[i] or ()}
+            for v in node_inputs(node):
+                j = self.producer.get(v)
+                if j is not None and chains[j]:
+                    ended.update(p for p, _ in chains[j] if p not in mine)
+            if i not in renumber:
+                continue
+            numbered = []
+            for path, _ in chains[i]:
+                if path not in call:
+                    call[path] = 0
+                elif path in ended:
+                    call[path] += 1
+                ended.discard(path)
+                numbered.append((path, call[path]))
+            chains[i] = tuple(numbered)
 
     def _direct_scope(self, node: Any) -> Chain | None:
         ruled = self.rules.module_of(node.name) if self.rules.rules else None
