@@ -24,7 +24,7 @@ from .report import failed_targets, markdown, misses, score
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = {"count": 200, "seed": 0, "ports": ("torch", "fp16", "bf16", "onnx-legacy", "aot_eager")}
-FULL = {"count": 3000, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "aot_eager")}
+FULL = {"count": 3500, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "aot_eager")}
 
 
 def _machine() -> dict:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--full", action="store_true", help="the full run: writes the JSON and docs/accuracy.md")
     what.add_argument("--case", action="append", help="run one case by id (repeatable)")
     what.add_argument("--page", type=Path, metavar="JSON", help="write docs/accuracy.md again from a full run's JSON")
-    parser.add_argument("--count", type=int, help="how many cases to draw (default: 200 quick, 3000 full)")
+    parser.add_argument("--count", type=int, help="how many cases to draw (default: 200 quick, 3500 full)")
     parser.add_argument("--seed", type=int, help="the population's seed")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", type=Path, help="where the full run writes its JSON "

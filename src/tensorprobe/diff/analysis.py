@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
-                      TAG_INTEGER_DOMAIN,
+                      TAG_INTEGER_DOMAIN, TAG_OWN_CODE,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
 from .align import Pair, declared_outputs, in_model_order, parse_rule
 from .evidence import made_in, with_uncompared_inputs
@@ -682,6 +682,12 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
     gain = predicted_gain(rec, ins, _output_index(p.name)) if rec is not None else 2.0
     e_in = p.input_rel_err or 0.0
+    src_rec = by_name.get(p.input_name) if p.input_name else None
+    if rec is not None and TAG_OWN_CODE in p.tags and src_rec is not None and src_rec not in ins:
+        # the model's own code, which no record shows, may sum what it reads into a value near zero (a flow's
+        # log-determinant over its steps): its input's error is multiplied by that cancellation, rms in / out
+        cancel = (rms(src_rec.stats) or 0.0) / max(rms(rec.stats) or 0.0, 1e-300)
+        gain = max(gain, min(HUGE_GAIN, cancel))
     unseen = rec is not None and not ins and family(rec.op) in _DATA_CONDITIONED
     if unseen:
         gain = HUGE_GAIN   # its input came through code no record shows: its conditioning is unknown
