@@ -188,7 +188,7 @@ def _blind_spot_words(r: DiffReport) -> str:
     widest = max(judged, key=lambda p: p.floor)
     return (f" What a match cannot rule out here: a change of a record's own smaller than its floor reads as "
             f"rounding, and the floors reach {widest.floor:.2g} (SNR {_snr_db(widest.floor):.0f} dB) at "
-            f"{widest.name}; a port's own change below that (a norm's eps of 1e-3 for 1e-5: ~2e-3) is not judged. "
+            f"{widest.name}; a port's own change below that (a norm's eps of 1e-3 for 1e-5, for one) is not judged. "
             f"Compare a same-precision build of the port to judge it.")
 
 
