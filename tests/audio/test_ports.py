@@ -64,6 +64,12 @@ def test_a_ports_output_keeps_its_verdicts_at_every_level(port_outputs, port, dt
         mostly_silent = r.figures["rms_dbfs"] < Thresholds().silence_rms_dbfs
         assert got.pop("silence") == ("warning" if mostly_silent else want["silence"]), (level, r.summary())
         want.pop("silence")
+        # a mean within 10% of the dc_offset line moves across it by 16-bit rounding at a -50 dBFS peak
+        # (~100 steps): the verdict follows its figure there, not the level
+        dc = r.verdict("dc_offset")
+        if dc.figure is not None and abs(dc.figure - dc.threshold) < 0.1 * dc.threshold:
+            assert got.pop("dc_offset") == ("warning" if dc.figure > dc.threshold else "ok")
+            want.pop("dc_offset")
         assert got == want, (level, r.summary())
         assert bool(r.notes) == (r.figures["peak_dbfs"] < -40)
 

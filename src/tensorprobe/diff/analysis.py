@@ -683,7 +683,8 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     gain = predicted_gain(rec, ins, _output_index(p.name)) if rec is not None else 2.0
     e_in = p.input_rel_err or 0.0
     src_rec = by_name.get(p.input_name) if p.input_name else None
-    if rec is not None and TAG_OWN_CODE in p.tags and src_rec is not None and src_rec not in ins:
+    if rec is not None and TAG_OWN_CODE in p.tags and src_rec is not None and src_rec not in ins and \
+            src is not None and src.failed:    # (an input within its floor brings rounding only: no error to cancel)
         # the model's own code, which no record shows, may sum what it reads into a value near zero (a flow's
         # log-determinant over its steps): its input's error is multiplied by that cancellation, rms in / out
         cancel = (rms(src_rec.stats) or 0.0) / max(rms(rec.stats) or 0.0, 1e-300)

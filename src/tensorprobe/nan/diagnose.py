@@ -266,6 +266,8 @@ def _rule_norm_module(ev: Evidence) -> list[str]:
     frame, a padded step) have a variance of exactly zero: (x − mean) / sqrt(var) there is 0/0."""
     if ev.op in _NORM_OPS or ev.op in _DIV_OPS or not (ev.output_stats and ev.output_stats.nan):
         return []
+    if ev.op != ev.module_type.removeprefix("module:"):
+        return []       # an op inside the norm: its own rules (a one-pass variance, a division) speak for it
     reason = normalization_reason(ev)
     if reason is None:
         return []
