@@ -36,7 +36,7 @@ from ..stats.sketch import ESTIMATE_MARGIN
 from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
 from .summary import summarize
 from .conditioning import measured_norm_causes
-from .views import every_record
+from .views import every_record, hidden_records
 from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS,
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
@@ -93,8 +93,9 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
         forward = changed_by_port_ops(forward, ref_bundle, cand_bundle, criteria, compare, noise)
     forward = [with_spectral_magnitude(p, ref_bundle, cand_bundle) for p in forward]
     forward, weights = judge_weight_readers(forward, weights, ref_records)   # folded, or unseen by statistics
-    notes = list(notes) + [n for n in (graph_note, integer_domain_note([*cand_only, *(r.name for r in getattr(cand_bundle, 'hidden', ()))], cand_bundle),
-                                       folded_note(weights)) if n]
+    # a module view's op records are unpaired too: its integer values count as left out
+    left_out = [*cand_only, *(r.name for r in hidden_records(cand_bundle))]
+    notes = list(notes) + [n for n in (graph_note, integer_domain_note(left_out, cand_bundle), folded_note(weights)) if n]
     failing = [p for p in forward if p.failed]
     declared = declared_outputs(getattr(ref_bundle, "manifest", None) or {})   # the graph's output order
     output = model_output(forward, declared)

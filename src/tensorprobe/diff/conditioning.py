@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..environment import UNIT_ROUNDOFF
 from ..record import TAG_INPUTS_UNRECORDED, Record
 from .explain import family
 from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, LOCAL_UNITS, OWN_MARGIN
@@ -121,11 +122,11 @@ def _judged_on_values(p: PairResult, src: PairResult, by_name: Mapping[str, Reco
 
 
 def _unit(rec: Record, ref_bundle: Any, cand_bundle: Any, src: PairResult) -> float:
-    """The unit roundoff of the coarser side's dtype at this norm (float32's 2^-24 at least)."""
-    units = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53}
+    """The unit roundoff of the coarser side's dtype at this norm (float32's when a dtype is not a float's)."""
+    float32 = UNIT_ROUNDOFF["float32"]
     cand = cand_bundle.get(src.cand_name)
     dtypes = {rec.dtype, cand.dtype if cand is not None else None}
-    return max([units.get(d, 2.0 ** -24) for d in dtypes if d] or [2.0 ** -24])
+    return max([UNIT_ROUNDOFF.get(d, float32) for d in dtypes if d] or [float32])
 
 
 def _held(bundle: Any, name: str) -> np.ndarray | None:

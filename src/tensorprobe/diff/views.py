@@ -51,9 +51,14 @@ def module_view(bundle: Bundle, shared_draws: Sequence[str] = (), differ: Sequen
     return view
 
 
+def hidden_records(bundle: Bundle) -> tuple[Record, ...]:
+    """The records a view leaves out of its `records` (a runtime's op records), none for a plain bundle."""
+    return getattr(bundle, "hidden", ())
+
+
 def every_record(bundle: Bundle) -> list[Record]:
     """The records of a bundle, a view's hidden ones included (what reads a weight, in the runtime's graph)."""
-    return [*bundle.records, *getattr(bundle, "hidden", ())]
+    return [*bundle.records, *hidden_records(bundle)]
 
 
 def capture_level(bundle: Bundle) -> str | None:
