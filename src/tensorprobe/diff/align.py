@@ -39,9 +39,10 @@ from typing import Any, Iterable, Sequence
 from ..errors import InputError
 from ..ops import ALIAS_OPS, canonical_op
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN,
-                      TAG_INTEGER_DOMAIN, TAG_OPAQUE, TAG_RANDOM_REPLACED, TAG_RESCALED, TAG_STANDS_FOR, WEIGHT_KINDS,
+                      TAG_DERIVED, TAG_INTEGER_DOMAIN, TAG_OPAQUE, TAG_RANDOM_REPLACED, TAG_RESCALED, TAG_STANDS_FOR, WEIGHT_KINDS,
                       Record, module_label, short_op)
 from .compat import kinds_agree
+from .quantization import quant_fields, rescaled_op
 from .explain import family
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
@@ -285,13 +286,23 @@ def _match_readers(refs: list[Record], cands: list[Record], everything: list[Rec
                 read_in.setdefault(name, set()).add(rec.module or "")
                 if i == 1 and canonical_op(rec.op) == "matmul":
                     read_as_b.add(name)
+        # an int8 kernel reads the integer copy; the dequantized weight is named by its rescaled result's tag
+        weight = (quant_fields(rec.tags) or {}).get("weight")
+        if weight in free:
+            read_in.setdefault(weight, set()).add(rec.module or "")
+            if rescaled_op(rec.tags) == "MatMul":
+                read_as_b.add(weight)
     waiting = [r for r in sorted(refs, key=lambda r: r.order) if r.name not in matched]
     for name, modules in read_in.items():
+        if len(modules) > 1:      # the model's own glue around a module's kernel (a quantizer's rescale) owns nothing
+            modules = modules - {""}
         if len(modules) != 1 or not next(iter(modules)):
             continue
         module, c = next(iter(modules)), free[name]
         fits = [r for r in waiting if r.name not in matched and (r.module == module or r.module.startswith(
             module + ".")) and _fits(r.shape, c.shape)]
+        if len(fits) > 1:   # weight_norm's v and the weight computed from it: the op reads the computed one
+            fits = [r for r in fits if TAG_DERIVED in r.tags] or fits
         if len(fits) != 1:
             continue      # two weights of one shape in one module: nothing tells which is which
         r = fits[0]

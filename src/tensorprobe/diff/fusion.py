@@ -190,12 +190,16 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
         # what else was not compared is data only the port computes (its own functional ops), not a weight
         others = [n for n, why in p.uncompared_inputs if n not in missing and not (
             why == CAND_ONLY and cand_kinds.get(n) not in (None, *WEIGHT_KINDS)) and not _identity(ref.get(n))]
-        if p.failed and p.cause == CAUSE_OWN and not p.explanation and missing and not others \
+        # "beyond what int8 explains" (`quantization`) is what a missing weight looks like in an int8 port too
+        beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
+        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8) and missing and not others \
                 and not any(_all_zero(ref[n]) for n in missing):
             read = {i for c in cand_records if c.kind not in WEIGHT_KINDS and _within(c.module, p.module)
                     for i in c.inputs if i in cand_weights}
             if read <= paired:
-                p = replace(p, cause=CAUSE_WEIGHTS, origin=missing[0], tags=p.tags + (TAG_WEIGHT_MISSING,))
+                p = replace(p, cause=CAUSE_WEIGHTS, origin=missing[0], tags=p.tags + (TAG_WEIGHT_MISSING,),
+                            explanation=None, quantization=replace(p.quantization, finding=None)
+                            if beyond_int8 else p.quantization)
         out.append(p)
     return out
 

@@ -23,11 +23,12 @@ import math
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..record import TAG_INTEGER_DOMAIN, TAG_QSTEP, TAG_QUANT, TAG_QUANTIZED, TAG_RESCALED, Record
+from ..record import KIND_OUTPUT, TAG_INTEGER_DOMAIN, TAG_QSTEP, TAG_QUANT, TAG_QUANTIZED, TAG_RESCALED, Record
 from .compat import rms
 from .explain import predicted_gain
 from .noise import CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
 from .result import PairResult, QuantNoise
+from .views import every_record
 
 FAR = 8.0            # a record this many times beyond what int8 and its inputs explain is not quantization noise
 COARSE_LEVELS = 8.0  # a quantized value whose rms spans fewer steps than this has a scale too coarse for it
@@ -116,16 +117,31 @@ def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list
     if cand_bundle is None or ref_bundle is None:
         return results
     out = []
+    inner = _last_kernels(cand_bundle)
     for p in results:
         e = _error_known(p)
-        if TAG_QUANTIZED in p.tags and p.failed and e is not None:
-            ref, cand = ref_bundle.get(p.name), cand_bundle.get(p.cand_name)
+        if not p.failed or e is None:
+            out.append(p)
+            continue
+        ref, cand = ref_bundle.get(p.name), cand_bundle.get(p.cand_name)
+        if cand is not None and cand.kind == KIND_OUTPUT and "/" not in cand.name and quant_fields(cand.tags) is None:
+            # a module's output made after its int8 kernel (a gain, a cat): judged by that kernel's figures
+            cand = inner.get(cand.module, cand)
+        if TAG_QUANTIZED in p.tags or (cand is not None and quant_fields(cand.tags) is not None):
             q = expected_noise(ref, cand, cand_bundle) if ref is not None and cand is not None else None
             if q is not None:
                 ins = [i for i in map(ref_bundle.get, ref.inputs) if i is not None]
                 p = _with_finding(p, q, rescaled_op(cand.tags), predicted_gain(ref, ins), e)
         out.append(p)
     return out
+
+
+def _last_kernels(cand_bundle: Any) -> dict[str, Record]:
+    """Module path -> the last op record of its own (not of a submodule) that carries an int8 kernel's figures
+    (a `quant:` tag): what the module's output computed after that kernel (a gain, a concatenation) is judged
+    by. A container's output is not: a norm after its conv amplifies what the kernel's figures do not say."""
+    return {r.module: r for r in every_record(cand_bundle)
+            if "/" in r.name and not r.op.startswith("module:") and quant_fields(r.tags) is not None}
 
 
 def _error_known(p: PairResult) -> float | None:
@@ -143,7 +159,7 @@ def _with_finding(p: PairResult, q: QuantNoise, op: str | None, gain: float, e: 
     is what its input brings, amplified as its consumer's op allows: not judged here); `e`: its error."""
     e_in = p.input_rel_err or 0.0
     explained = math.hypot(q.expected, gain * e_in)
-    if op is not None and p.cause in (CAUSE_QUANTIZED, CAUSE_INHERITED) and e > FAR * explained:
+    if op is not None and p.cause in (CAUSE_QUANTIZED, CAUSE_INHERITED, CAUSE_OWN) and e > FAR * explained:
         why = (f"relative error {e:.3g} is {e / explained:,.0f}x what int8 explains here ({q.words()}; its inputs "
                f"differ by {e_in:.2g}): not quantization noise. {_fix_beyond(op)}")
         return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=why, quantization=replace(q, finding=why))

@@ -77,9 +77,9 @@ def _reduce_group(arrays: Sequence[np.ndarray], root: np.ndarray, dtype: np.dtyp
     # the figures of every array at once; the arrays one pass cannot settle (non-finite elements, a spread
     # the mean dwarfs) are finished one by one, as `compute_stats` finishes them
     n = (stops - starts).astype(np.float64)
-    mean = sums[:, 0] / n
-    var = sums[:, 1] / n - mean * mean
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore"):   # an array with -inf (a mask): finished one by one below
+        mean = sums[:, 0] / n
+        var = sums[:, 1] / n - mean * mean
         settled = np.isfinite(sums).all(axis=1) & ~(var < CANCELLATION_RATIO * mean * mean)
     std = np.sqrt(np.maximum(var, 0.0))
     absmax = np.abs(ranges).max(axis=1)
