@@ -33,7 +33,8 @@ from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .fusion import folded_note, folded_predecessors, judge_weight_readers, missing_weights, readers_of
 from .port_ops import changed_by_port_ops
 from ..stats.sketch import ESTIMATE_MARGIN
-from .quantization import integer_domain_note, judged as judged_quantized, quantized_inputs, scaled_weights
+from .quantization import FAR as QUANT_FAR, integer_domain_note, judged as judged_quantized, quantized_inputs
+from .quantization import scaled_weights
 from .summary import summarize
 from .conditioning import measured_norm_causes
 from .views import every_record, hidden_records
@@ -801,7 +802,15 @@ def _port_bug(p: PairResult, first_quantized: PairResult | None) -> bool:
     if p.cause != CAUSE_OWN:
         return False
     return first_quantized is None or p.order < first_quantized.order or \
-        (p.quantization is not None and p.quantization.finding is not None)
+        (p.quantization is not None and p.quantization.finding is not None) or _linear_beyond(p)
+
+
+def _linear_beyond(p: PairResult) -> bool:
+    """A float convolution or matmul (not quantized itself) that multiplies its measured input error by FAR or
+    more: a linear op's conditioning is credited from its weights and inputs (`explain.dot_cancellation`), so
+    quantization error it reads cannot grow that much in it: the error is its own (a gain past frame N)."""
+    return TAG_QUANTIZED not in p.tags and family(p.op) == "linear" and p.method == METHOD_ELEMENTWISE and \
+        p.gain is not None and math.isfinite(p.gain) and p.gain >= QUANT_FAR
 
 
 def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str, Record] | None = None

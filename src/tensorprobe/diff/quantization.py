@@ -126,7 +126,7 @@ def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list
         ref, cand = ref_bundle.get(p.name), cand_bundle.get(p.cand_name)
         if cand is not None and cand.kind == KIND_OUTPUT and "/" not in cand.name and quant_fields(cand.tags) is None:
             # a module's output made after its int8 kernel (a gain, a cat): judged by that kernel's figures
-            cand = inner.get(cand.module, cand)
+            cand = _after_kernel(cand, inner.get(cand.module), cand_bundle)
         if TAG_QUANTIZED in p.tags or (cand is not None and quant_fields(cand.tags) is not None):
             q = expected_noise(ref, cand, cand_bundle) if ref is not None and cand is not None else None
             if q is not None:
@@ -142,6 +142,35 @@ def _last_kernels(cand_bundle: Any) -> dict[str, Record]:
     by. A container's output is not: a norm after its conv amplifies what the kernel's figures do not say."""
     return {r.module: r for r in every_record(cand_bundle)
             if "/" in r.name and not r.op.startswith("module:") and quant_fields(r.tags) is not None}
+
+
+# ops that move, select or scale values: what they do to a kernel's error is its size, not more
+_COPY_OPS = frozenset({"Slice", "Concat", "Mul", "Add", "Sub", "Reshape", "Transpose", "Cast", "Identity", "Squeeze",
+                       "Unsqueeze", "Pad", "Expand", "Gather", "Split", "Where", "Neg"})
+
+
+def _after_kernel(cand: Record, kernel: Record | None, cand_bundle: Any) -> Record:
+    """`kernel` when module output `cand` is made from it by ops that only move, select or scale values (a gain
+    past frame N, a concatenation), else `cand`: after a softmax or a norm the kernel's figures say nothing."""
+    if kernel is None or cand.op not in _COPY_OPS:
+        return cand
+    todo, seen = list(cand.inputs), set()
+    reached = False
+    while todo and len(seen) < 256:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name == kernel.name:
+            reached = True
+            continue
+        rec = cand_bundle.get(name)
+        if rec is None or rec.module != cand.module or "/" not in name or rec.kind != KIND_OUTPUT:
+            continue         # a weight, a constant, a value from before the module
+        if rec.op not in _COPY_OPS:
+            return cand
+        todo.extend(rec.inputs)
+    return kernel if reached else cand
 
 
 def _error_known(p: PairResult) -> float | None:
