@@ -22,6 +22,7 @@ def score(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
         "cases": len(outcomes),
         "faithful": len(faithful),
         "false_alarms": sum(o["false_alarm"] for o in faithful),
+        "lossy": sum(bool(o.get("lossy")) for o in faithful),
         "planted": len(planted),
         "detected": _rate(sum(o["detected"] for o in planted), len(planted)),
         "localized": _rate(sum(o["localized"] for o in planted), len(planted)),
@@ -132,7 +133,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "exported by torch.onnx's dynamo or legacy exporter and run in ONNX Runtime (`onnx-int8`: the dynamo export",
         "quantized by ONNX Runtime's `quantize_dynamic`, int8 weights, a bug planted before the export; a faithful",
         "int8 port is right when it matches as a quantized port, judged by its outputs, or diverges with int8's",
-        "error as the first divergence's cause, its outputs below the criterion: lossy, and no bug blamed); both",
+        "error as the first divergence's cause, its outputs below the criterion: lossy, and no bug blamed; so is a",
+        "float16 or bfloat16 port whose model output misses the output criterion by rounding its ops amplify); both",
         "sides are captured and",
         "diffed as a user does (`tensorprobe capture` of each, `tensorprobe diff`; a model with random draws goes",
         "through `compare --replay-rng`). The candidate is either the same model (faithful: any finding is a false",
@@ -163,6 +165,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| {total['cases']} | {total['faithful']} | {total['false_alarms']} | {total['planted']} | "
         f"{_pct(total['detected'])} | {_pct(total['localized'])} | {_pct(total['cause_right'])} | {total['void']} | "
         f"{total['errors']} |",
+        "",
+        f"Faithful ports that diverge by their precision alone, the verdict blaming no bug (an int8 port's error, "
+        f"or a 16-bit port's rounding amplified past a model output's criterion): {total['lossy']}.",
         "",
         f"Targets: {TARGETS['false_alarms']} false alarms; first divergence right in "
         f"{TARGETS['localized']:.0%} overall and {TARGETS['localized_per_cell']:.0%} in every cell; cause right in "

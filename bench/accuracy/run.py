@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import tensorprobe as tp
-from tensorprobe.record import parse_name
+from tensorprobe.record import KIND_MODEL_OUTPUT, parse_name
 
 from .archs import ARCHS, Built
 from .bugs import BUGS
@@ -160,9 +160,13 @@ def judge(case: Case, report: Any) -> dict[str, Any]:
                            "summary": report.summary.splitlines()[0] if report.summary else ""}
     if case.bug is None:
         # an int8 port is lossy by design: diverging by int8's error alone (its outputs miss the criterion of a
-        # quantized port: a flow's log-determinant, a sum near zero, magnifies it) says so, and blames no bug
+        # quantized port: a flow's log-determinant, a sum near zero, magnifies it) says so, and blames no bug;
+        # so is a 16-bit port whose model output misses the output criterion by rounding its ops amplify
         by_int8 = case.port == "onnx-int8" and cause in INT8_CAUSES
-        out["false_alarm"] = verdict == "diverged" and not by_int8
+        by_rounding = case.port in SIXTEEN_BIT and cause == "amplified" and pair is not None and \
+            pair.kind == KIND_MODEL_OUTPUT
+        out["false_alarm"] = verdict == "diverged" and not (by_int8 or by_rounding)
+        out["lossy"] = verdict == "diverged" and (by_int8 or by_rounding)
         return out
     # the module the verdict names (`DiffReport.first_place`): the first compared record that fails, or where the
     # error enters before it (an op only the port has; a weight of a module the port has no value of)

@@ -418,12 +418,25 @@ def _measured(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Rec
     cancellation (`noise.sensitivity`) explains its error (`noise.measured_floor`)."""
     n, rec, src = noise.get(p.name), by_name.get(p.name), done.get(p.input_name or "")
     e, e_in = error_of(p), p.input_rel_err
-    if n is None or rec is None or src is None or e is None or not e_in or not math.isfinite(e):
+    if n is None or rec is None or src is None or e is None or not math.isfinite(e) or src.failed:
         return p
-    if src.failed or src.method not in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST):
-        return p    # an input compared by statistics carries a lower bound, not a measurement
+    if src.method == METHOD_STATS:
+        # statistics bound an input's error from below; its sketch estimates it (reading low by up to ~2), and
+        # one value's statistics are the value (a flow's log-determinant per item: a sum near zero of such terms)
+        estimate = src.metrics.get("rel_l2_err_estimate")
+        e_in = ESTIMATE_MARGIN * estimate if estimate is not None and math.isfinite(estimate) else \
+            (e_in if math.prod(src.shape or (0,)) == 1 else None)
+    elif src.method not in (METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_DIGEST):
+        return p
+    if not e_in:
+        return p
     ins = [by_name[i] for i in rec.inputs if i in by_name]
     k = max([1.0, *sensitivity(rec, ins, _output_index(p.name))])
+    src_rec = by_name.get(src.name)
+    if reduced is not None and TAG_OWN_CODE in rec.tags and src_rec is not None and src_rec not in ins:
+        # a module's own code, which no record shows, sums what it reads into a value near zero (a flow's
+        # log-determinant): the measured input's error grows by that cancellation, rms in / out
+        k = max(k, min(HUGE_GAIN, (rms(src_rec.stats) or 0.0) / max(rms(rec.stats) or 0.0, 1e-300)))
     floor = measured_floor(n, rec, k, e_in, src.name, reduced)
     if e > floor.value:
         return p

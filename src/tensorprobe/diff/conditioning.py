@@ -32,7 +32,7 @@ from ..environment import UNIT_ROUNDOFF
 from ..record import TAG_INPUTS_UNRECORDED, Record
 from .explain import family
 from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, LOCAL_UNITS, OWN_MARGIN
-from .result import PairResult
+from .result import TAG_NORM_MEASURED, PairResult
 
 VARIANCE_TERM = 2.0      # the variance's own error adds at most as much as the centred input's, to first order
 ROUNDING_CAP = 1e6       # a constant group's rounding term (its spread is zero): large, finite
@@ -115,7 +115,7 @@ def _judged_on_values(p: PairResult, src: PairResult, by_name: Mapping[str, Reco
     inherited = inherited_norm_error(*arrays, gamma_rms=gamma, unit=_unit(rec, ref_bundle, cand_bundle, src))
     if inherited is None or e <= OWN_MARGIN * max(inherited, p.rounding or 0.0):
         return p
-    return replace(p, cause=CAUSE_OWN, origin=p.name, explanation=(
+    return replace(p, cause=CAUSE_OWN, origin=p.name, tags=p.tags + (TAG_NORM_MEASURED,), explanation=(
         f"its input's error ({src.rel_err or 0.0:.2g}), carried through the normalization as measured on both "
         f"sides' values (each group's centred error against its spread), makes at most {inherited:.2g} of its "
         f"{e:.2g}: the rest is its own (its eps, its variance or its affine parameters)"))

@@ -80,6 +80,10 @@ from .compat import rms
 from .explain import HUGE_GAIN, dot_cancellation, family, norm_gain, sigmoid_gain
 
 NOISE_UNITS = 32
+# A float16/bfloat16 port's records stay within 2.3 units of their modelled rounding (~300 faithful ports of the
+# accuracy benchmark's architectures, every level): 12 units keeps a margin of 5 (NOISE_UNITS' own), where 32
+# let a frame gain of 0.4 pass as bfloat16 rounding (a floor of 0.43 four ops deep)
+REDUCED_NOISE_UNITS = 12
 LOCAL_UNITS = 8
 OWN_MARGIN = 4.0
 WEIGHT_UNITS = 2
@@ -160,18 +164,25 @@ class Noise:
     plain: float | None = None
     depth: int = 0
     unit: float = 0.0         # the coarser unit roundoff of the two sides' arithmetic here
+    half: bool = False        # either side holds it in float16 or bfloat16 (not TF32: float32 values)
+
+    @property
+    def units(self) -> int:
+        """REDUCED_NOISE_UNITS where either side holds the value in float16 or bfloat16, else NOISE_UNITS (its
+        calibration, TF32 included)."""
+        return REDUCED_NOISE_UNITS if self.half else NOISE_UNITS
 
     @property
     def floor(self) -> float:
-        """The modelled floor: NOISE_UNITS x expected (inf when not judged)."""
-        return math.inf if self.unjudged else NOISE_UNITS * self.expected
+        """The modelled floor: `units` x expected (inf when not judged)."""
+        return math.inf if self.unjudged else self.units * self.expected
 
     @property
     def ceiling(self) -> float:
         """The rounding ceiling: what rounding produces along the path without amplification credit, and at
         least what float32 rounding produces through a deep path (CEILING_UNITS x 2^-24)."""
         plain = self.expected if self.plain is None else self.plain
-        return max(NOISE_UNITS * plain, CEILING_UNITS * min(self.unit, SAME_PRECISION_ROUNDOFF))
+        return max(self.units * plain, CEILING_UNITS * min(self.unit, SAME_PRECISION_ROUNDOFF))
 
 
 @dataclass(frozen=True)
@@ -224,6 +235,7 @@ def judged_floor(noise: Noise, r: Record, reduced: str | None) -> Floor:
     return floor
 
 
+MEASURED = "measured"    # the first word of a floor a measurement backs (`measured_floor`)
 OUTPUT_WORDS = f"the most a model output of a same-precision port may differ (SNR {-20 * math.log10(OUTPUT_REL_MAX):.0f} dB)"
 
 
@@ -243,7 +255,7 @@ def measured_floor(noise: Noise, r: Record, k: float, e_in: float, input_name: s
     value = min(noise.floor, max(noise.ceiling, OWN_MARGIN * k * e_in))
     if reduced is None and is_model_output(r) and value > OUTPUT_REL_MAX:
         return Floor(OUTPUT_REL_MAX, noise.floor, OUTPUT_WORDS)
-    return Floor(value, noise.floor, f"measured: its input {input_name} differs by {e_in:.2g} (compared value by "
+    return Floor(value, noise.floor, f"{MEASURED}: its input {input_name} differs by {e_in:.2g} (compared value by "
                                      f"value), which its op can amplify up to x{k:,.3g} (cancellation)")
 
 
@@ -270,8 +282,13 @@ def expected_noise(refs: Iterable[Record], cand_of: Mapping[str, Record], prec: 
     refs = list(refs)
     credited = _propagate(refs, cand_of, prec, credit=True)
     plain = _propagate(refs, cand_of, prec, credit=False)
-    return {name: Noise(e, rnd, unjudged, plain[name][0], depth, unit)
+    half = {r.name for r in refs if _half(r) or _half(cand_of.get(r.name))}
+    return {name: Noise(e, rnd, unjudged, plain[name][0], depth, unit, name in half)
             for name, (e, rnd, unjudged, depth, unit) in credited.items()}
+
+
+def _half(r: Record | None) -> bool:
+    return r is not None and r.dtype in ("float16", "bfloat16")
 
 
 def _propagate(refs: list[Record], cand_of: Mapping[str, Record], prec: Precision, credit: bool

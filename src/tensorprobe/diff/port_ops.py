@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ..record import WEIGHT_KINDS, module_label
 from .align import Pair
 from .evidence import CAND_ONLY
-from .noise import CAUSE_OWN
-from .result import TAG_PORT_OP, Criteria, PairResult
+from .noise import CAUSE_OWN, MEASURED
+from .result import STATUS_FAIL, TAG_NORM_MEASURED, TAG_PORT_OP, Criteria, PairResult
 
 MATCH_READ = "value read"   # a reference value paired with the port's value that replaces it where it is read
 _MAX_STEPS = 64             # candidate-only records walked back from one op
@@ -33,16 +33,47 @@ def changed_by_port_ops(forward: Sequence[PairResult], ref_bundle: Any, cand_bun
                         compare: Callable[..., PairResult], noise: Mapping[str, Any] | None) -> list[PairResult]:
     """`forward`, each failing pair whose error is called its own while it reads a value only the port makes
     re-told: where that value differs from what the reference reads, the error enters at the port's op."""
-    if not any(p.failed and any(why == CAND_ONLY for _, why in p.uncompared_inputs) for p in forward):
+    measured = [p for p in forward if p.passed and (p.floor_reason or "").startswith(MEASURED)]
+    if not measured and not any(p.failed and any(why == CAND_ONLY for _, why in p.uncompared_inputs)
+                                for p in forward):
         return list(forward)
     by_cand = {p.cand_name: p for p in forward}
+    paired = {p.cand_name for p in forward}
     out = []
     for p in forward:
         extra = [n for n, why in p.uncompared_inputs if why == CAND_ONLY]
-        if p.failed and p.cause == CAUSE_OWN and not p.explanation and extra:
+        # (a norm's "beyond what its input's error makes" measured the input the reference reads, not the port's)
+        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or TAG_NORM_MEASURED in p.tags) and extra:
             p = _entered_at(p, extra, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
+        elif p in measured:
+            p = _measured_elsewhere(p, paired, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
         out.append(p)
     return out
+
+
+def _measured_elsewhere(p: PairResult, paired: set[str], by_cand: Mapping[str, PairResult], ref_bundle: Any,
+                        cand_bundle: Any, criteria: Criteria, compare: Callable[..., PairResult],
+                        noise: Mapping[str, Any]) -> PairResult:
+    """A pair that passed on a measured floor ("its input differs by e, which its op amplifies"), while the port's
+    op reads a value of its own instead of that input: the measurement is not of what it reads. Where that value
+    differs from the reference's, the error enters at the port's op, and the pair fails with it as origin."""
+    cand = cand_bundle.get(p.cand_name)
+    if cand is None:
+        return p
+    extra = [i for i in cand.inputs if i not in paired and (r := cand_bundle.get(i)) is not None
+             and r.kind not in WEIGHT_KINDS]
+    if not extra:
+        return p
+    found = _entered_at(replace(p, status=STATUS_FAIL, cause=CAUSE_OWN), extra, by_cand, ref_bundle, cand_bundle,
+                        criteria, compare, noise)
+    if TAG_PORT_OP not in found.tags:
+        return p
+    n = noise.get(p.name)
+    floor = n.ceiling if n is not None else p.floor
+    e = p.rel_err if p.rel_err is not None else p.metrics.get("rel_l2_err_lower")
+    return replace(found, floor=floor, floor_reason=f"{found.floor_reason}; not backed: the port's op reads another "
+                   "value than the input measured", reasons=(f"relative error {e:.3g} beyond the rounding noise "
+                                                             f"{floor:.2g}",))
 
 
 def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResult], ref_bundle: Any,
