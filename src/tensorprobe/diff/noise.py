@@ -44,7 +44,8 @@ inputs were compared value by value and their measured error, times the cancella
 its error (`analysis`). A model output of a same-precision port never passes beyond `OUTPUT_REL_MAX`
 (5e-4, SNR 66 dB: half of 1e-3, so that an output off by 1e-3 fails whatever rounding it also carries).
 For a port that is not same-precision (float16, bfloat16, TF32, int8) the ceiling is its own arithmetic's
-rounding along the path, NOISE_UNITS x u_plain, and its model outputs must also meet `OUTPUT_MIN_SNR` (20 dB)
+rounding along the path, NOISE_UNITS x u_plain (REDUCED_NOISE_UNITS for a value either side holds in float16
+or bfloat16), and its model outputs must also meet `OUTPUT_MIN_SNR` (20 dB)
 and `OUTPUT_MIN_CORR` (0.99). Every judged floor carries its reason (`Floor`).
 
 Weights are data, not arithmetic: they are noise within 2 units of the coarser dtype's roundoff (a float16
