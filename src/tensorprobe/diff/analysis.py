@@ -808,13 +808,15 @@ def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult
 
 def _port_bug(p: PairResult, first_quantized: PairResult | None) -> bool:
     """A weight that differs, or an error of its own. After quantization error has entered, "its own" is sure only
-    far beyond what int8 explains at a quantized op (`quantization.judged`): elsewhere it may be quantization error
-    its op amplifies beyond what statistics credit (a log of values near 1, a division by values rounded to 0)."""
+    at a random op that draws otherwise (`draws`), far beyond what int8 explains at a quantized op
+    (`quantization.judged`), or at a float linear op that multiplies its input's error (`_linear_beyond`):
+    elsewhere it may be quantization error its op amplifies beyond what statistics credit (a log of values near
+    1, a division by values rounded to 0)."""
     if p.cause == CAUSE_WEIGHTS:
         return True
     if p.cause != CAUSE_OWN:
         return False
-    return first_quantized is None or p.order < first_quantized.order or \
+    return first_quantized is None or p.order < first_quantized.order or is_draw_finding(p) or \
         (p.quantization is not None and p.quantization.finding is not None) or _linear_beyond(p)
 
 

@@ -83,9 +83,10 @@ def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResul
     if ref_rec is None:
         return p
     for name in extra:
-        x = cand_bundle.get(name)
+        x = _made_by(cand_bundle.get(name), cand_bundle)
         if x is None or x.kind in WEIGHT_KINDS or not x.has_tensor or _inside(x.module, ref_rec):
             continue
+        name = x.name
         for q in _compared_sources(x, by_cand, cand_bundle):
             r = ref_bundle.get(q.name)
             if q.name not in ref_rec.inputs or r is None or not r.has_tensor or tuple(r.shape) != tuple(x.shape):
@@ -99,6 +100,17 @@ def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResul
                     f"against {q.name}, which the reference reads, its relative error is {seen.rel_err:.3g}: the "
                     f"error enters at {name}"))
     return p
+
+
+def _made_by(x: Any, cand_bundle: Any) -> Any:
+    """`x`, or for a module's output (a compiled capture's `<root>`, which names the call's inputs, not the op
+    that made its value) the last op record of that call with its shape: the value it holds."""
+    if x is None or not x.op.startswith("module:"):
+        return x
+    inside = [r for r in cand_bundle.records if "/" in r.name and r.order < x.order and tuple(r.shape) ==
+              tuple(x.shape) and r.kind not in WEIGHT_KINDS and (not x.module or r.module == x.module or
+                                                                 r.module.startswith(x.module + "."))]
+    return max(inside, key=lambda r: r.order, default=x)
 
 
 def _inside(module: str, rec: Any) -> bool:

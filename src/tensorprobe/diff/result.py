@@ -414,8 +414,9 @@ class DiffReport:
         w = next((w for w in self.weights if w.name == p.origin), None) if p.cause == "weights" else None
         # ... a module the reference ran (records of its own, none paired: the port has no value there), not one
         # whose weight a parent reads without calling it (MultiheadAttention's out_proj)
+        # (a value it judges nothing by, an all-zero mask, is not one of its values)
         if w is not None and w.module and not _within(own, w.module) and not any(
-                q.compared and _within(q.module, w.module) for q in self.pairs) and any(
+                q.compared and _within(q.module, w.module) and q.floor != math.inf for q in self.pairs) and any(
                 _within(parse_name(n)[0], w.module) for n in self.ref_only):
             return w.module
         return own
