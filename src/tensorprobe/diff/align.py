@@ -305,10 +305,21 @@ def _match_readers(refs: list[Record], cands: list[Record], everything: list[Rec
             fits = [r for r in fits if TAG_DERIVED in r.tags] or fits
         if len(fits) != 1:
             continue      # two weights of one shape in one module: nothing tells which is which
-        r = fits[0]
-        transposed = tuple(r.shape) != tuple(c.shape) or (len(c.shape) == 2 and name in read_as_b)
-        matched[r.name] = (c, MATCH_READER_T if transposed else MATCH_READER)
-        used.add(c.name)
+        _pair_read(fits[0], c, name in read_as_b, matched, used)
+    # read only by the model's own glue (an int8 MatMul the quantizer could not scope: its weight a constant the
+    # exporter made): the one reference weight left anywhere with its shape, when no other such weight is left
+    at_root = [free[n] for n, modules in read_in.items() if modules == {""} and n not in used]
+    for c in at_root:
+        fits = [r for r in waiting if r.name not in matched and _fits(r.shape, c.shape)]
+        rivals = [o for o in at_root if o is not c and o.name not in used and _fits(o.shape, c.shape)]
+        if len(fits) == 1 and not rivals:
+            _pair_read(fits[0], c, c.name in read_as_b, matched, used)
+
+
+def _pair_read(r: Record, c: Record, as_b: bool, matched: dict, used: set[str]) -> None:
+    transposed = tuple(r.shape) != tuple(c.shape) or (len(c.shape) == 2 and as_b)
+    matched[r.name] = (c, MATCH_READER_T if transposed else MATCH_READER)
+    used.add(c.name)
 
 
 def _match_recurrent(refs: list[Record], free: dict[str, Record], everything: list[Record], matched: dict,

@@ -31,6 +31,7 @@ from .draws import DrawFindings, is_draw_finding
 from .compat import rms
 from .explain import HUGE_GAIN, explain, family, predicted_gain
 from .fusion import folded_note, folded_predecessors, judge_weight_readers, missing_weights, readers_of
+from .fusion import weights_behind_unpaired
 from .port_ops import changed_by_port_ops
 from ..stats.sketch import ESTIMATE_MARGIN
 from .quantization import FAR as QUANT_FAR, integer_domain_note, judged as judged_quantized, quantized_inputs
@@ -89,6 +90,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     forward = with_uncompared_inputs(forward, weights, ref_records, cand_bundle)   # what "inputs identical" rests on
     if cand_bundle is not None:
         forward = missing_weights(forward, weights, ref_records, every_record(cand_bundle))   # a bias the port lacks
+    forward = weights_behind_unpaired(forward, weights, ref_records)   # a module the port has no value of
     forward = folded_predecessors(forward, ref_records)     # the port has no value of the record before it
     if compare is not None and ref_bundle is not None and cand_bundle is not None:   # an op only the port has
         forward = changed_by_port_ops(forward, ref_bundle, cand_bundle, criteria, compare, noise)

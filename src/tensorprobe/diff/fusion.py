@@ -25,14 +25,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, WEIGHT_KINDS, Record
+from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, WEIGHT_KINDS, Record
 from .align import Alignment, Pair
 from .evidence import CAND_ONLY, UNPAIRED
 from .explain import family
 from .layout import TAG_LAYOUT
 from .noise import CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_WEIGHTS, OWN_MARGIN
 from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
-                     TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN, PairResult)
+                     TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_BEHIND, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN,
+                     PairResult)
 
 # a reader whose error exceeds its input's by this much shows its weight's difference, whatever the floor says
 READER_MARGIN = OWN_MARGIN * 4
@@ -201,6 +202,36 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
                             explanation=None, quantization=replace(p.quantization, finding=None)
                             if beyond_int8 else p.quantization)
         out.append(p)
+    return out
+
+
+def weights_behind_unpaired(forward: list[PairResult], weights: Sequence[PairResult],
+                            ref_records: Sequence[Record]) -> list[PairResult]:
+    """A record whose error is called its own while the reference ran, since the compared record before it, a
+    module the port has no value of (an int8 MatMul the quantizer left unnamed) whose weight differs: the error
+    comes with that weight, in that module (cause `weights`, origin the weight; `DiffReport.first_place` names
+    the module)."""
+    bad = {w.module: w for w in weights if w.failed and w.module}
+    if not bad:
+        return forward
+    paired = {p.name for p in forward}
+    unseen = [r for r in ref_records if r.kind == KIND_OUTPUT and "/" not in r.name and r.module in bad
+              and r.name not in paired]
+    if not unseen:
+        return forward
+    out, before = [], -1
+    for p in forward:
+        beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
+        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8) and p.module not in bad:
+            behind = [(r.name, bad[r.module]) for r in unseen if before < r.order < p.order]
+            if behind:
+                n, w = behind[-1]
+                p = replace(p, cause=CAUSE_WEIGHTS, origin=w.name, tags=p.tags + (TAG_WEIGHT_BEHIND,),
+                            explanation=f"it reads {n}, which the port has no value of, made with weight {w.name}, "
+                                        "which differs",
+                    quantization=replace(p.quantization, finding=None) if beyond_int8 else p.quantization)
+        out.append(p)
+        before = max(before, p.order)
     return out
 
 

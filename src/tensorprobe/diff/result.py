@@ -29,6 +29,7 @@ TAG_INPUT_UNSEEN = "input_unseen"
 TAG_FUSED = "fused"     # a record the port holds in one value with the one before it (diff.fusion)
 TAG_FUSED_WITH = "fused_with:"   # ... and the record it was fused with (`fused_with:blocks.0.0`)
 TAG_WEIGHT_UNSEEN = "weight_unseen"   # a reader failed on a weight its statistics cannot show (diff.fusion)
+TAG_WEIGHT_BEHIND = "weight_behind"   # weights: a module the port has no value of, before it, reads one that differs
 TAG_NORM_MEASURED = "norm_measured"   # own: beyond what its input's error, measured on values, makes (conditioning)
 TAG_PORT_OP = "port_op"   # the value it reads differs already: an op only the port has changed it (diff.port_ops)
 TAG_WEIGHT_MISSING = "weight_missing"   # a reader failed, and a weight it reads has no counterpart (diff.fusion)

@@ -18,7 +18,7 @@ from .layout import TAG_LAYOUT
 from .noise import (CAUSE_AMPLIFIED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_RANDOM, CAUSE_WEIGHTS, OUTPUT_MIN_CORR,
                     OUTPUT_MIN_SNR)
 from .result import (TAG_FOLDED, TAG_PORT_OP, TAG_WEIGHT_MISSING, MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, TAG_INPUT_UNSEEN,
-                     TAG_READS_QUANTIZED,
+                     TAG_READS_QUANTIZED, TAG_WEIGHT_BEHIND,
                      VERDICT_CONSISTENT, VERDICT_DIVERGED, VERDICT_EMPTY, DiffReport, PairResult)
 
 
@@ -344,6 +344,8 @@ def _weight_cause_words(r: DiffReport, p: PairResult) -> str:
     code = made_in(p.tags, p.module)
     if code is not None and w is not None and w.module == code and w.module != p.module:
         return f" Its input is made by {_own_code(code, r)}, which reads {what}, which differs."
+    if TAG_WEIGHT_BEHIND in p.tags and p.explanation:   # `fusion.weights_behind_unpaired`
+        return f" {p.explanation[0].upper()}{p.explanation[1:]}."
     return f" It reads {what}, which differs."
 
 
