@@ -15,8 +15,8 @@ from bench.accuracy.cases import Case, generate
 from bench.accuracy.report import misses, score
 from bench.accuracy.run import run_case, run_population
 
-LOCALIZED_FLOOR = 0.97   # measured 0.987 here: two cases of margin for another CPU's rounding
-CAUSE_FLOOR = 0.965      # measured 0.981
+LOCALIZED_FLOOR = 0.98   # measured 1.000 here (154 planted): three cases of margin for another CPU's rounding
+CAUSE_FLOOR = 0.98       # measured 1.000
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,58 @@ def test_the_verdict_names_where_the_error_enters_when_the_port_has_no_value_the
     outcome = run_case(Case.from_id(case_id))
     assert outcome["localized"] and outcome["cause_right"] == cause_right, outcome["summary"]
     assert f"first divergence at {place}" in outcome["summary"]
+
+
+@pytest.mark.parametrize("case_id, place, cause", [
+    # int8 (quantize_dynamic): a gain from frame 20 on after the quantized conv of `post`, judged by that kernel's
+    # figures ("not quantization noise") at module level, and at op level through the module's value
+    ("convnorm-instance-plain-leaky/onnx-int8/module-full/late_frames@post/s8659", "post", "own"),
+    ("convnorm-instance-plain-leaky/onnx-int8/op-full/late_frames@blocks.1.0/s5627", "blocks.1.0/convolution.0", "own"),
+    # ... after a ConvTranspose the quantizer leaves in float: a linear op that multiplies its input's error by 32
+    ("hifi-leaky/onnx-int8/module-full/late_frames@up/s7262", "up", "own"),
+    # the weight an int8 kernel reads, paired through its quant tag: weight_norm's computed weight, MatMulInteger's B
+    ("hifi-snake/onnx-int8/module-full/scale_weight@post/s2667", "post", "weights"),
+    ("attention/onnx-int8/module-full/scale_weight@inp/s6454", "inp", "weights"),
+    # a bias the int8 port lacks is named before "beyond what int8 explains"
+    ("convnorm-instance-plain-leaky/onnx-int8/module-full/drop_bias@post/s2363", "post", "weights"),
+    # a draw of another distribution is the port's bug even after int8 error entered
+    ("noisy/onnx-int8/module-full/uniform_for_normal@noise/s6406", "noise/randn_like.0", "own"),
+    # a mel MatMul the quantizer could not scope: its weight pairs as the one left of its shape, and the first
+    # record after it names mel
+    ("meldb/onnx-int8/module-full/scale_weight@mel/s9168", "mel (its weight mel.weight differs", "weights"),
+    # bfloat16 at op level: the norm reading the port's gain (a cat only the port has) no longer passes on its
+    # input's measured error, which is not of the value it reads
+    ("convnorm-batch-affine-leaky/bf16/op-full/late_frames@blocks.0.0/s3586", "blocks.0.0 (blocks.0.0/cat.0", "own"),
+    ("convnorm-group-plain-gelu/bf16/op-full/late_frames@blocks.1.0/s6740", "blocks.1.0 (blocks.1.0/cat.0", "own"),
+    # aot_eager at op level: the compiled capture's <root> holds the value of post's cat
+    ("convnorm-layer-plain-leaky/aot_eager/op-full/late_frames@post/s4371", "post (post/cat.0", "own"),
+    # a weight of a module the port records no judged value of (its ops compiled away; an all-zero mask is not one)
+    ("attention/aot_eager/op-full/scale_weight@attn/s4276", "attn (its weight attn.in_proj_weight differs", "weights"),
+    # weight_norm in a float export: the conv reads the computed weight, not v
+    ("hifi-leaky/onnx/module-full/scale_weight@res.convs.0/s2174", "res.convs.0", "weights"),
+])
+def test_planted_bugs_found_where_quantization_compilation_or_16_bits_hid_them(case_id, place, cause):
+    pytest.importorskip("onnxruntime")
+    outcome = run_case(Case.from_id(case_id))
+    assert outcome["localized"] and outcome["cause"] == cause, outcome["summary"]
+    assert f"first divergence at {place}" in outcome["summary"], outcome["summary"]
+
+
+@pytest.mark.parametrize("case_id, verdict", [
+    # the faithful twins of the int8 and bfloat16 cases above: no bug is named
+    ("convnorm-instance-plain-leaky/onnx-int8/module-full/faithful/s8659", None),
+    ("hifi-leaky/onnx-int8/module-full/faithful/s7262", None),
+    ("convnorm-batch-affine-leaky/bf16/op-full/faithful/s3586", "match"),
+    ("convnorm-layer-plain-leaky/aot_eager/op-full/faithful/s4371", "match"),
+    # a flow's log-determinant in bfloat16: a sum near zero of two terms, each off by bfloat16's rounding, misses
+    # the output criterion (SNR -4 dB): diverged, by rounding amplified, no bug blamed (lossy, not a false alarm)
+    ("flow/bf16/module-stats/faithful/s1536", "diverged"),
+])
+def test_faithful_twins_blame_no_bug(case_id, verdict):
+    pytest.importorskip("onnxruntime")
+    outcome = run_case(Case.from_id(case_id))
+    assert not outcome["false_alarm"], outcome["summary"]
+    if verdict is not None:
+        assert outcome["verdict"] == verdict, outcome["summary"]
+    if verdict == "diverged":
+        assert outcome["lossy"] and outcome["cause"] == "amplified", outcome["summary"]

@@ -222,7 +222,9 @@ def weights_behind_unpaired(forward: list[PairResult], weights: Sequence[PairRes
     out, before = [], -1
     for p in forward:
         beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
-        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8) and p.module not in bad:
+        # (not a norm: an exporter folds a norm into the conv before it, whose weights then differ by design)
+        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8) and p.module not in bad \
+                and family(p.op) != "norm":
             behind = [(r.name, bad[r.module]) for r in unseen if before < r.order < p.order]
             if behind:
                 n, w = behind[-1]
