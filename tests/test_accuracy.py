@@ -117,6 +117,8 @@ def test_the_verdict_names_where_the_error_enters_when_the_port_has_no_value_the
     ("convnorm-group-plain-gelu/bf16/op-full/late_frames@blocks.1.0/s6740", "blocks.1.0 (blocks.1.0/cat.0", "own"),
     # aot_eager at op level: the compiled capture's <root> holds the value of post's cat
     ("convnorm-layer-plain-leaky/aot_eager/op-full/late_frames@post/s4371", "post (post/cat.0", "own"),
+    # ONNX Runtime's int8 LSTM (DynamicQuantizeLSTM): its dequantized W and R pair with the layer's weights
+    ("rnn-lstm/onnx-int8/module-full/scale_weight@rnn/s4365", "rnn:0", "weights"),
     # a weight of a module the port records no judged value of (its ops compiled away; an all-zero mask is not one)
     ("attention/aot_eager/op-full/scale_weight@attn/s4276", "attn (its weight attn.in_proj_weight differs", "weights"),
     # weight_norm in a float export: the conv reads the computed weight, not v

@@ -50,7 +50,8 @@ MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "positio
 # a weight paired through the one module that reads it; `_T`: the port holds it transposed (ONNX MatMul's B);
 # `_REPACKED`: an ONNX LSTM/GRU/RNN's W or R, its gates in another order (compared by statistics)
 MATCH_READER, MATCH_READER_T, MATCH_READER_REPACKED = "reader", "reader_transposed", "reader_repacked"
-_RECURRENT_OPS = {"LSTM": "LSTM", "GRU": "GRU", "RNN": "RNN"}
+# ONNX's recurrent ops, and ONNX Runtime's int8 LSTM (quantize_dynamic): its W and R dequantized, in ONNX's layout
+_RECURRENT_OPS = {"LSTM": "LSTM", "GRU": "GRU", "RNN": "RNN", "DynamicQuantizeLSTM": "LSTM"}
 
 
 @dataclass(frozen=True)
@@ -339,7 +340,7 @@ def _match_recurrent(refs: list[Record], free: dict[str, Record], everything: li
             if c is None or r is None or r.name in matched or c.name in used:
                 continue
             if tuple(c.shape) == (1, *r.shape):
-                matched[r.name] = (c, f"{MATCH_READER_REPACKED}:{rec.op}")
+                matched[r.name] = (c, f"{MATCH_READER_REPACKED}:{_RECURRENT_OPS[rec.op]}")
                 used.add(c.name)
 
 
