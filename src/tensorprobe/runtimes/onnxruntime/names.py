@@ -287,12 +287,23 @@ class GraphNamer:
         renumber = set(named)
         call: dict[str, int] = {}
         ended: set[str] = set()
+        carried: dict[str, set[str]] = {}   # value made by an unscoped node -> the scopes of what it was made from
         for i, node in enumerate(self.nodes):
-            mine = {p for p, _ in chains[i] or ()}
-            for v in node_inputs(node):
-                j = self.producer.get(v)
-                if j is not None and chains[j]:
-                    ended.update(p for p, _ in chains[j] if p not in mine)
+            made_from = [self._scopes_of(v, chains, carried) for v in node_inputs(node)]
+            if chains[i] is None:
+                # a node the quantizer put in has no scope yet: one reading a module's weights (ConvInteger) is in
+                # that module; the others (DynamicQuantizeLinear between two modules) pass on where their input
+                # was made, so that reading it ends no call the quantizer merely sits inside
+                owner = self._weight_module(node)
+                if owner is None:
+                    for o in node.output:
+                        carried[o] = set().union(*made_from)
+                    continue
+                mine = {".".join(owner.split(".")[:k]) for k in range(1, owner.count(".") + 2)}
+            else:
+                mine = {p for p, _ in chains[i]}
+            for paths in made_from:
+                ended.update(p for p in paths if p not in mine)
             if i not in renumber:
                 continue
             numbered = []
@@ -304,6 +315,13 @@ class GraphNamer:
                 ended.discard(path)
                 numbered.append((path, call[path]))
             chains[i] = tuple(numbered)
+
+    def _scopes_of(self, value: str, chains: list[Chain | None], carried: dict[str, set[str]]) -> set[str]:
+        """The module paths `value` was made in: its producer's scope, or what an unscoped producer carried."""
+        j = self.producer.get(value)
+        if j is not None and chains[j]:
+            return {p for p, _ in chains[j]}
+        return carried.get(value, set())
 
     def _direct_scope(self, node: Any) -> Chain | None:
         ruled = self.rules.module_of(node.name) if self.rules.rules else None
