@@ -21,6 +21,7 @@ import re
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
+from ..ops import canonical_op
 from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
                       TAG_INTEGER_DOMAIN, TAG_OWN_CODE,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
@@ -822,12 +823,22 @@ def _port_bug(p: PairResult, first_quantized: PairResult | None) -> bool:
         (p.quantization is not None and p.quantization.finding is not None) or _linear_beyond(p)
 
 
+# activations whose slope is at most 1: the error they pass on is at most what they read
+_CONTRACTING = frozenset({"relu", "leaky_relu", "tanh", "hardtanh", "clamp", "Relu", "LeakyRelu", "Tanh", "Clip",
+                          "ReLU", "LeakyReLU", "Hardtanh"})
+_RECURRENT = frozenset({"LSTM", "GRU", "RNN", "lstm", "gru", "LSTMCell", "GRUCell", "RNNCell"})
+
+
 def _linear_beyond(p: PairResult) -> bool:
-    """A float convolution or matmul (not quantized itself) that multiplies its measured input error by FAR or
-    more: a linear op's conditioning is credited from its weights and inputs (`explain.dot_cancellation`), so
-    quantization error it reads cannot grow that much in it: the error is its own (a gain past frame N)."""
-    return TAG_QUANTIZED not in p.tags and family(p.op) == "linear" and p.method == METHOD_ELEMENTWISE and \
-        p.gain is not None and math.isfinite(p.gain) and p.gain >= QUANT_FAR
+    """A float convolution or matmul (not quantized itself), or an activation of slope at most 1, that multiplies
+    its measured input error by FAR or more: a linear op's conditioning is credited from its weights and inputs
+    (`explain.dot_cancellation`), and such an activation has none, so quantization error it reads cannot grow
+    that much in it: the error is its own (a gain past frame N). Not a recurrent cell: its gates' tails amplify."""
+    op = p.op.removeprefix("module:")
+    base = canonical_op(p.op)
+    linear = family(p.op) == "linear" and op not in _RECURRENT and base not in _RECURRENT
+    return TAG_QUANTIZED not in p.tags and (linear or op in _CONTRACTING or base in _CONTRACTING) and \
+        p.method == METHOD_ELEMENTWISE and p.gain is not None and math.isfinite(p.gain) and p.gain >= QUANT_FAR
 
 
 def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str, Record] | None = None
