@@ -94,8 +94,9 @@ def _squeezed(a: np.ndarray) -> np.ndarray | None:
 
 def _rel_err(r: np.ndarray, c: np.ndarray) -> float:
     r64, c64 = r.astype(np.float64, copy=False), c.astype(np.float64, copy=False)
-    energy = float(np.sum(r64 * r64))
-    err = float(np.sum((c64 - r64) ** 2))
+    with np.errstate(invalid="ignore", over="ignore"):    # inf - inf (a mask in both): no layout to tell
+        energy = float(np.sum(r64 * r64))
+        err = float(np.sum((c64 - r64) ** 2))
     if not math.isfinite(err):
         return math.inf
     return math.sqrt(err / energy) if energy > 0 else (0.0 if err == 0 else math.inf)
