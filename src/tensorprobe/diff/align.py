@@ -39,11 +39,11 @@ from typing import Any, Iterable, Sequence
 from ..errors import InputError
 from ..ops import ALIAS_OPS, canonical_op
 from ..record import (KIND_INPUT, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, OP_UNKNOWN,
-                      TAG_DERIVED, TAG_INTEGER_DOMAIN, TAG_OPAQUE, TAG_RANDOM_REPLACED, TAG_RESCALED, TAG_STANDS_FOR, WEIGHT_KINDS,
-                      Record, module_label, short_op)
+                      TAG_DERIVED, TAG_INTEGER_DOMAIN, TAG_OPAQUE, TAG_RANDOM_REPLACED, TAG_RESCALED, TAG_STANDS_FOR,
+                      WEIGHT_KINDS, Record, module_label, short_op)
 from .compat import kinds_agree
-from .quantization import quant_fields, rescaled_op
 from .explain import family
+from .quantization import quant_fields, rescaled_op
 
 MATCH_NAME, MATCH_RULE, MATCH_ORDER = "name", "rule", "order"
 MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "position"

@@ -191,18 +191,28 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
         # what else was not compared is data only the port computes (its own functional ops), not a weight
         others = [n for n, why in p.uncompared_inputs if n not in missing and not (
             why == CAND_ONLY and cand_kinds.get(n) not in (None, *WEIGHT_KINDS)) and not _identity(ref.get(n))]
-        # "beyond what int8 explains" (`quantization`) is what a missing weight looks like in an int8 port too
-        beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
-        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8) and missing and not others \
-                and not any(_all_zero(ref[n]) for n in missing):
+        if _own_unexplained(p) and missing and not others and not any(_all_zero(ref[n]) for n in missing):
             read = {i for c in cand_records if c.kind not in WEIGHT_KINDS and _within(c.module, p.module)
                     for i in c.inputs if i in cand_weights}
             if read <= paired:
-                p = replace(p, cause=CAUSE_WEIGHTS, origin=missing[0], tags=p.tags + (TAG_WEIGHT_MISSING,),
-                            explanation=None, quantization=replace(p.quantization, finding=None)
-                            if beyond_int8 else p.quantization)
+                p = _weights_cause(p, missing[0], TAG_WEIGHT_MISSING, None)
         out.append(p)
     return out
+
+
+def _own_unexplained(p: PairResult) -> bool:
+    """A failing pair whose error is called its own, with no explanation but "beyond what int8 explains"
+    (`quantization`): what a weight's difference looks like in an int8 port too."""
+    beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
+    return p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8)
+
+
+def _weights_cause(p: PairResult, weight: str, tag: str, explanation: str | None) -> PairResult:
+    """`p` with cause `weights` from `weight`; an int8 finding it had is the weight's doing, not the kernel's."""
+    q = p.quantization
+    int8_said = q is not None and q.finding is not None and p.explanation == q.finding
+    return replace(p, cause=CAUSE_WEIGHTS, origin=weight, tags=p.tags + (tag,), explanation=explanation,
+                   quantization=replace(q, finding=None) if int8_said else q)
 
 
 def weights_behind_unpaired(forward: list[PairResult], weights: Sequence[PairResult],
@@ -221,17 +231,14 @@ def weights_behind_unpaired(forward: list[PairResult], weights: Sequence[PairRes
         return forward
     out, before = [], -1
     for p in forward:
-        beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
         # (not a norm: an exporter folds a norm into the conv before it, whose weights then differ by design)
-        if p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8) and p.module not in bad \
-                and family(p.op) != "norm":
+        if _own_unexplained(p) and p.module not in bad and family(p.op) != "norm":
             behind = [(r.name, bad[r.module]) for r in unseen if before < r.order < p.order]
             if behind:
                 n, w = behind[-1]
-                p = replace(p, cause=CAUSE_WEIGHTS, origin=w.name, tags=p.tags + (TAG_WEIGHT_BEHIND,),
-                            explanation=f"it reads {n}, which the port has no value of, made with weight {w.name}, "
-                                        "which differs",
-                    quantization=replace(p.quantization, finding=None) if beyond_int8 else p.quantization)
+                p = _weights_cause(p, w.name, TAG_WEIGHT_BEHIND,
+                                   f"it reads {n}, which the port has no value of, made with weight {w.name}, "
+                                   "which differs")
         out.append(p)
         before = max(before, p.order)
     return out

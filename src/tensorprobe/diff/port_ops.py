@@ -38,7 +38,6 @@ def changed_by_port_ops(forward: Sequence[PairResult], ref_bundle: Any, cand_bun
                                 for p in forward):
         return list(forward)
     by_cand = {p.cand_name: p for p in forward}
-    paired = {p.cand_name for p in forward}
     out = []
     for p in forward:
         extra = [n for n, why in p.uncompared_inputs if why == CAND_ONLY]
@@ -46,21 +45,20 @@ def changed_by_port_ops(forward: Sequence[PairResult], ref_bundle: Any, cand_bun
         if p.failed and p.cause == CAUSE_OWN and (not p.explanation or TAG_NORM_MEASURED in p.tags) and extra:
             p = _entered_at(p, extra, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
         elif p in measured:
-            p = _measured_elsewhere(p, paired, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
+            p = _measured_elsewhere(p, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
         out.append(p)
     return out
 
 
-def _measured_elsewhere(p: PairResult, paired: set[str], by_cand: Mapping[str, PairResult], ref_bundle: Any,
-                        cand_bundle: Any, criteria: Criteria, compare: Callable[..., PairResult],
-                        noise: Mapping[str, Any]) -> PairResult:
+def _measured_elsewhere(p: PairResult, by_cand: Mapping[str, PairResult], ref_bundle: Any, cand_bundle: Any,
+                        criteria: Criteria, compare: Callable[..., PairResult], noise: Mapping[str, Any]) -> PairResult:
     """A pair that passed on a measured floor ("its input differs by e, which its op amplifies"), while the port's
     op reads a value of its own instead of that input: the measurement is not of what it reads. Where that value
     differs from the reference's, the error enters at the port's op, and the pair fails with it as origin."""
     cand = cand_bundle.get(p.cand_name)
     if cand is None:
         return p
-    extra = [i for i in cand.inputs if i not in paired and (r := cand_bundle.get(i)) is not None
+    extra = [i for i in cand.inputs if i not in by_cand and (r := cand_bundle.get(i)) is not None
              and r.kind not in WEIGHT_KINDS]
     if not extra:
         return p

@@ -299,7 +299,7 @@ class GraphNamer:
                     for o in node.output:
                         carried[o] = set().union(*made_from)
                     continue
-                mine = {".".join(owner.split(".")[:k]) for k in range(1, owner.count(".") + 2)}
+                mine = {p for p, _ in chain_of_path(owner)}
             else:
                 mine = {p for p, _ in chains[i]}
             for paths in made_from:
