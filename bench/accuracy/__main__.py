@@ -18,13 +18,17 @@ import sys
 import time
 from pathlib import Path
 
-from .cases import Case, generate
-from .run import run_population
+from .cases import generate
+from .isolate import generate_isolate
+from .nan import generate_nan
+from .run import case_from_id, run_population
 from .report import failed_targets, markdown, misses, score
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = {"count": 200, "seed": 0, "ports": ("torch", "fp16", "bf16", "onnx-legacy", "aot_eager")}
-FULL = {"count": 3500, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "aot_eager")}
+QUICK = {"count": 200, "seed": 0, "ports": ("torch", "fp16", "bf16", "onnx-legacy", "aot_eager"), "nan": 120,
+         "isolate": 60}
+FULL = {"count": 3500, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "aot_eager"),
+        "nan": 400, "isolate": 400}
 
 
 def _machine() -> dict:
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.case:
         try:
-            cases = [Case.from_id(i) for i in args.case]
+            cases = [case_from_id(i) for i in args.case]
         except ValueError as exc:
             parser.error(str(exc))
         for outcome in run_population(cases, jobs=1):
@@ -78,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         plan["count"] = args.count
     if args.seed is not None:
         plan["seed"] = args.seed
-    cases = generate(plan["count"], plan["seed"], ports=plan["ports"])
+    cases = generate(plan["count"], plan["seed"], ports=plan["ports"]) + generate_nan(plan["nan"], plan["seed"]) + \
+        generate_isolate(plan["isolate"], plan["seed"])
     started = time.perf_counter()
     outcomes = run_population(cases, args.jobs)
     seconds = time.perf_counter() - started

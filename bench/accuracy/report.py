@@ -89,8 +89,15 @@ def miss_kinds(outcomes: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[se
 
 
 def failed_targets(outcomes: list[dict[str, Any]], per_cell_min: int = 10) -> list[str]:
-    """The targets a population misses, in words (cells with fewer than `per_cell_min` planted cases are too
-    small to hold to the per-cell target)."""
+    """The targets a population misses, in words, for `diff` and `nan` apart (cells with fewer than `per_cell_min`
+    planted cases are too small to hold to the per-cell target)."""
+    return [line for tool, part in split_tools(outcomes).items()
+            for line in _failed(part, "" if tool == "diff" else f"{tool}: ", per_cell_min)]
+
+
+def _failed(outcomes: list[dict[str, Any]], label: str, per_cell_min: int) -> list[str]:
+    if not outcomes:
+        return []
     total, failed = score(outcomes), []
     if total["false_alarms"] > TARGETS["false_alarms"]:
         failed.append(f"{total['false_alarms']} false alarm(s) on {total['faithful']} faithful cases")
@@ -103,16 +110,32 @@ def failed_targets(outcomes: list[dict[str, Any]], per_cell_min: int = 10) -> li
             failed.append(f"{'/'.join(cell)}: first divergence right in {s['localized']:.1%}")
     if total["errors"]:
         failed.append(f"{total['errors']} case(s) failed to run")
-    return failed
+    return [label + line for line in failed]
 
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+TOOLS = ("diff", "nan", "isolate")
+
+
+def tool_of(outcome: dict[str, Any]) -> str:
+    """Which tool a case measures: `nan/...` and `isolate/...` ids name theirs; the others are `diff`'s."""
+    head = outcome["id"].split("/", 1)[0]
+    return head if head in TOOLS else "diff"
+
+
+def split_tools(outcomes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The outcomes of each tool's cases."""
+    return {t: [o for o in outcomes if tool_of(o) == t] for t in TOOLS}
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """docs/accuracy.md from a run's JSON document."""
-    outcomes, machine = doc["outcomes"], doc["machine"]
+    everything, machine = doc["outcomes"], doc["machine"]
+    tools = split_tools(everything)
+    outcomes, nans = tools["diff"], tools["nan"]
     total = score(outcomes)
     lines = [
         "# How often tensorprobe's verdicts are right",
@@ -121,7 +144,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "together; do not edit by hand).",
         "",
         f"Measured on {doc['date']} on {machine['platform']} ({machine['cpus']} CPUs), torch {machine['torch']}, "
-        f"in {doc['seconds']:.0f} s: {total['cases']} cases drawn with seed {doc['seed']}.",
+        f"in {doc['seconds']:.0f} s: {total['cases']} `diff` cases, {len(nans)} `nan` cases and "
+        f"{len(tools['isolate'])} `isolate` cases drawn with seed {doc['seed']}.",
         "",
         "## How it is measured",
         "",
@@ -130,7 +154,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "into a batch-first LSTM or GRU, masked attention, a log-mel front end in dB, a flow with exp, noise from",
         "randn_like, a model that takes and returns dicts), with seeded weights and inputs, and a port made by the",
         "usual tool: the model run in PyTorch as is (`torch`), cast to float16 or bfloat16, compiled by aot_eager, or",
-        "exported by torch.onnx's dynamo or legacy exporter and run in ONNX Runtime (`onnx-int8`: the dynamo export",
+        "exported by torch.onnx's dynamo or legacy exporter through `tensorprobe.runtimes.onnxruntime.export_onnx`",
+        "(which writes each node's module into the file's metadata) and run in ONNX Runtime (`onnx-int8`: the dynamo export",
         "quantized by ONNX Runtime's `quantize_dynamic`, int8 weights, a bug planted before the export; a faithful",
         "int8 port is right when it matches as a quantized port, judged by its outputs, or diverges with int8's",
         "error as the first divergence's cause, its outputs below the criterion: lossy, and no bug blamed; so is a",
@@ -181,12 +206,66 @@ def markdown(doc: dict[str, Any]) -> str:
     for cell, s in by_cell(outcomes).items():
         lines.append(f"| {' | '.join(cell)} | {s['faithful']} | {s['false_alarms']} | {s['planted']} | "
                      f"{_pct(s['localized'])} | {_pct(s['cause_right'])} | {s['errors']} |")
-    wrong = misses(outcomes)
+    lines += _nan_section(nans) + _isolate_section(tools["isolate"])
+    wrong = misses(everything)
     lines += ["", "## Wrong verdicts by port and kind", "",
               "| port | what was wrong | bugs | cases |", "|---|---|---|---|"]
-    for (port, kind), (bugs, n) in sorted(miss_kinds(outcomes).items(), key=lambda kv: -kv[1][1]):
+    for (port, kind), (bugs, n) in sorted(miss_kinds(everything).items(), key=lambda kv: -kv[1][1]):
         lines.append(f"| {port} | {kind} | {', '.join(sorted(bugs))} | {n} |")
     lines += ["", f"## Wrong verdicts ({len(wrong)})", "",
               "Each reproduces with `python -m bench.accuracy --case ID`.", ""]
     lines += [f"- `{m['id']}`: {m['what']}" for m in wrong]
     return "\n".join(lines) + "\n"
+
+
+def _nan_section(nans: list[dict[str, Any]]) -> list[str]:
+    """The `nan` cases: how they are made and scored, overall and per cell."""
+    if not nans:
+        return []
+    lines = [
+        "", "## `nan`: where NaN or Inf is born", "",
+        "Each case is an architecture above run in float32 or float16 (`model.half()`) with one planted source of",
+        "NaN/Inf in one module (its output through `log` or `sqrt` of negative values, a division by zero, `exp` of",
+        "200x it, a gain of 7e4 that float16 cannot hold: `bench/accuracy/nan.py`), a deliberate infinity the model",
+        "handles (a softmax over a mask of -inf), or nothing. `tensorprobe nan` runs on it as a user runs it",
+        "(`find_first_nonfinite`). A planted case is *localized* when the op it names is in the planted module, and its",
+        "*cause* is right when its diagnosis names the mechanism (log, sqrt, division by zero, overflow); any finding",
+        "on a handled or faithful model is a false alarm. A source that makes no NaN/Inf on the inputs (a small exp,",
+        "the gain in float32) is void.",
+        "",
+    ]
+    return lines + _tool_tables(nans, "faithful or handled", "dtype", "op right")
+
+
+def _isolate_section(outcomes: list[dict[str, Any]]) -> list[str]:
+    """The `isolate` cases: how they are made and scored, overall and per cell."""
+    if not outcomes:
+        return []
+    lines = [
+        "", "## `isolate`: is a layer wrong, or inheriting error?", "",
+        "Each case is an architecture and a bug of the `diff` cases (or none), the candidate run in PyTorch as is, in",
+        "float16 or in bfloat16, and `tensorprobe isolate` run on the reference and the candidate as a user runs it",
+        "(`bench/accuracy/isolate.py`). A planted case is *localized* when the layer whose local error first fails",
+        "(or, where none does alone, the smallest module call that fails alone) is the planted module or inside",
+        "it; isolate names a place, not a cause. Any layer failing alone on a faithful candidate is a false alarm.",
+        "",
+    ]
+    return lines + _tool_tables(outcomes, "faithful", "port", "layer right")
+
+
+def _tool_tables(outcomes: list[dict[str, Any]], faithful: str, port: str, right: str) -> list[str]:
+    total = score(outcomes)
+    lines = [
+        f"| cases | {faithful} | false alarms | planted | detected | {right} | cause right | void | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {total['cases']} | {total['faithful']} | {total['false_alarms']} | {total['planted']} | "
+        f"{_pct(total['detected'])} | {_pct(total['localized'])} | {_pct(total['cause_right'])} | {total['void']} | "
+        f"{total['errors']} |",
+        "",
+        f"| family | {port} | {faithful} | false alarms | planted | {right} | cause right | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cell, s in by_cell(outcomes).items():
+        lines.append(f"| {cell[0]} | {cell[1].split('-', 1)[1]} | {s['faithful']} | {s['false_alarms']} | "
+                     f"{s['planted']} | {_pct(s['localized'])} | {_pct(s['cause_right'])} | {s['errors']} |")
+    return lines

@@ -21,7 +21,7 @@ import time
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -185,32 +185,40 @@ def judge(case: Case, report: Any) -> dict[str, Any]:
 
 def run_case(case: Case, workdir: str | Path | None = None) -> dict[str, Any]:
     """Build, port, capture, diff and judge one case; every failure to run is an outcome with its error."""
+    return outcome_of(case, lambda: _port_and_judge(case, workdir))
+
+
+def outcome_of(case: Any, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`run()`'s scores of `case` (a diff case or a `nan.NanCase`) with its id, cell, truth and seconds; a case
+    that cannot run is an outcome with its error, never dropped."""
     started = time.perf_counter()
     outcome: dict[str, Any] = {"id": case.id, "cell": list(case.cell), "bug": case.bug}
     try:
-        if case.bug is not None:
-            moved = effect(case)
-            outcome["effect"] = moved
-            if moved < case.min_effect:
-                outcome["void"] = True
-                return outcome
-        with tempfile.TemporaryDirectory(dir=workdir, prefix="tp-acc-") as tmp:
-            out = Path(tmp)
-            ref, cand = _build(case, planted=False), _build(case, planted=True)
-            if case.port in ("onnx", "onnx-legacy", "onnx-int8"):
-                report = _onnx_port(case, ref, cand, out)
-            else:
-                level, keep = LEVELS[case.level]
-                torch.manual_seed(0)
-                ref_bundle = tp.capture(ref.model, *ref.inputs, level=level, keep=keep, out=out / "ref")
-                report = _torch_port(case, ref_bundle, cand, out)
-            outcome.update(judge(case, report))
-    except Exception as exc:   # a case that cannot run is reported, never dropped
+        outcome.update(run())
+    except Exception as exc:
         outcome["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         outcome["traceback"] = traceback.format_exc(limit=4)[-1500:]
     finally:
         outcome["seconds"] = round(time.perf_counter() - started, 3)
     return outcome
+
+
+def _port_and_judge(case: Case, workdir: str | Path | None) -> dict[str, Any]:
+    moved = effect(case) if case.bug is not None else None
+    if moved is not None and moved < case.min_effect:
+        return {"effect": moved, "void": True}
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="tp-acc-") as tmp:
+        out = Path(tmp)
+        ref, cand = _build(case, planted=False), _build(case, planted=True)
+        if case.port in ("onnx", "onnx-legacy", "onnx-int8"):
+            report = _onnx_port(case, ref, cand, out)
+        else:
+            level, keep = LEVELS[case.level]
+            torch.manual_seed(0)
+            ref_bundle = tp.capture(ref.model, *ref.inputs, level=level, keep=keep, out=out / "ref")
+            report = _torch_port(case, ref_bundle, cand, out)
+        scores = judge(case, report)
+    return scores if moved is None else {"effect": moved, **scores}
 
 
 def _init_worker() -> None:
@@ -225,11 +233,34 @@ def _init_worker() -> None:
     torch.set_num_threads(1)     # the workers share the cores
 
 
+def case_from_id(case_id: str) -> Any:
+    """A diff case (`cases.Case`), a nan case (`nan.NanCase`, ids `nan/...`) or an isolate case
+    (`isolate.IsolateCase`, ids `isolate/...`) from its id."""
+    if case_id.startswith("nan/"):
+        from .nan import NanCase
+
+        return NanCase.from_id(case_id)
+    if case_id.startswith("isolate/"):
+        from .isolate import IsolateCase
+
+        return IsolateCase.from_id(case_id)
+    return Case.from_id(case_id)
+
+
 def _run(case_id: str) -> dict:
-    return run_case(Case.from_id(case_id))
+    case = case_from_id(case_id)
+    if case_id.startswith("nan/"):
+        from .nan import judge_nan
+
+        return outcome_of(case, lambda: judge_nan(case))
+    if case_id.startswith("isolate/"):
+        from .isolate import judge_isolate
+
+        return outcome_of(case, lambda: judge_isolate(case))
+    return run_case(case)
 
 
-def run_population(cases: list[Case], jobs: int, progress: bool = True) -> list[dict]:
+def run_population(cases: list[Any], jobs: int, progress: bool = True) -> list[dict]:
     """Every case's outcome, in the order given; `jobs` worker processes (1: in this process)."""
     ids = [c.id for c in cases]
     if jobs <= 1:

@@ -119,12 +119,24 @@ def test_lower_precision_candidate_is_noise_by_default_and_fails_a_threshold_at_
     x = torch.randn(8, 16)
     default = isolate(ref, cand, x)
     assert not default.found and default.criteria.noise   # bfloat16 rounding is what a bfloat16 port does
-    assert default.layer("inp").local["noise_floor"] == pytest.approx(32 * 2.0 ** -8)
+    assert default.layer("inp").local["noise_floor"] == pytest.approx(12 * 2.0 ** -8)   # 12 units, as diff's
     r = isolate(ref, cand, x, min_snr=60)
     assert r.first_local == "inp" and r.layer("inp").cand_dtype == "bfloat16"
     assert 20 < r.layer("inp").local["snr_db"] < 60  # bfloat16 has 8 mantissa bits: ~45-50 dB
     assert r.layer("inp").accumulated["snr_db"] == pytest.approx(r.layer("inp").local["snr_db"])
     assert r.rng == "tensors"  # another dtype draws other noise: recorded tensors are replayed
+
+
+def test_a_bfloat16_layer_whose_bias_is_off_is_wrong_on_its_own_and_its_faithful_twin_is_not():
+    ref = MLP()
+    x = torch.randn(8, 16)
+    faithful = copy.deepcopy(ref).to(torch.bfloat16)
+    assert not isolate(ref, faithful, x).found
+    broken = copy.deepcopy(ref)
+    with torch.no_grad():
+        broken.out.bias.mul_(0.6)   # 13% off: within 32 bfloat16 roundoffs (12.5%) x the count measured there
+    found = isolate(ref, broken.to(torch.bfloat16), x)
+    assert found.first_local == "out" and found.layer("inp").local_reasons == ()
 
 
 class Stepper(torch.nn.Module):

@@ -111,3 +111,32 @@ def test_a_gain_after_a_float_convtranspose_of_an_int8_port_is_its_own_error(tmp
     assert found.diff.verdict == "diverged", found.diff.summary
     assert found.diff.first_place.startswith("up1") and found.diff.get(found.diff.first_divergence).cause == "own", \
         found.diff.summary
+
+
+class NormedNoBias(nn.Module):
+    """A weight-normed conv without a bias (HiFi-GAN's conv_pre is one): the exporter folds the computed weight
+    into a constant (`mul`), so the int8 kernel reads no parameter of the module's name."""
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 8, 5, padding=2, bias=False))
+        self.post = nn.Conv1d(8, 1, 3, padding=1)
+
+    def forward(self, x):
+        return self.post(torch.nn.functional.leaky_relu(self.pre(x), 0.1))
+
+
+def test_an_int8_conv_with_a_computed_weight_keeps_its_module_through_the_quantizer(tmp_path):
+    from onnxruntime.quantization import quantize_dynamic
+
+    from tensorprobe.runtimes.onnxruntime import export_onnx
+
+    torch.manual_seed(5)
+    model, x = NormedNoBias().eval(), torch.randn(1, 4, 64)
+    export_onnx(model, (x,), tmp_path / "m.onnx")
+    quantize_dynamic(str(tmp_path / "m.onnx"), str(tmp_path / "m.int8.onnx"))
+    found = tp.compare(model, (x,), "onnxruntime", artifact=tmp_path / "m.int8.onnx", out=tmp_path / "cmp")
+    pre = found.diff.get("pre")
+    # the quantizer dropped the nodes' metadata; the value `pre` made keeps its module through the file's own
+    assert pre is not None and pre.compared and pre.cause == "quantized", found.diff.summary
+    assert found.diff.verdict == "match", found.diff.summary

@@ -50,6 +50,9 @@ MATCH_RUNTIME, MATCH_DIGEST, MATCH_POSITION = "runtime_name", "digest", "positio
 # a weight paired through the one module that reads it; `_T`: the port holds it transposed (ONNX MatMul's B);
 # `_REPACKED`: an ONNX LSTM/GRU/RNN's W or R, its gates in another order (compared by statistics)
 MATCH_READER, MATCH_READER_T, MATCH_READER_REPACKED = "reader", "reader_transposed", "reader_repacked"
+# the port's value that stands for the reference's where an op reads it, held in another shape of the same
+# elements in the same order (a norm computed on a (batch, groups, -1) view): compared in the reference's shape
+MATCH_VIEW = "value read, as a view"
 # ONNX's recurrent ops, and ONNX Runtime's int8 LSTM (quantize_dynamic): its W and R dequantized, in ONNX's layout
 _RECURRENT_OPS = {"LSTM": "LSTM", "GRU": "GRU", "RNN": "RNN", "DynamicQuantizeLSTM": "LSTM"}
 
@@ -315,6 +318,15 @@ def _match_readers(refs: list[Record], cands: list[Record], everything: list[Rec
         rivals = [o for o in at_root if o is not c and o.name not in used and _fits(o.shape, c.shape)]
         if len(fits) == 1 and not rivals:
             _pair_read(fits[0], c, c.name in read_as_b, matched, used)
+
+
+def made_from_weights(rec: Record | None, by_name: dict[str, Record], depth: int = 0) -> bool:
+    """Is `rec` a weight, or an op's value computed from weights alone (weight_norm's weight from g and v)?"""
+    if rec is None or rec.kind in WEIGHT_KINDS:
+        return rec is not None
+    if not rec.inputs or depth > 8:
+        return False
+    return all(made_from_weights(by_name.get(i), by_name, depth + 1) for i in rec.inputs)
 
 
 def _pair_read(r: Record, c: Record, as_b: bool, matched: dict, used: set[str]) -> None:

@@ -22,15 +22,15 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ops import canonical_op
-from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DRAWS_RANDOM,
+from ..record import (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, KIND_RNG, NAME_RE, TAG_DERIVED, TAG_DRAWS_RANDOM,
                       TAG_INTEGER_DOMAIN, TAG_OWN_CODE,
                       TAG_QUANTIZED, WEIGHT_KINDS, Record, module_label, short_op)
-from .align import Pair, declared_outputs, in_model_order, parse_rule
+from .align import Pair, declared_outputs, in_model_order, made_from_weights, parse_rule
 from .evidence import made_in, with_uncompared_inputs
 from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .compat import rms
-from .explain import HUGE_GAIN, explain, family, predicted_gain
+from .explain import HUGE_GAIN, explain, family, is_recurrent, predicted_gain
 from .fusion import folded_note, folded_predecessors, judge_weight_readers, missing_weights, readers_of
 from .fusion import weights_behind_unpaired
 from .port_ops import changed_by_port_ops
@@ -44,9 +44,9 @@ from .noise import (CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
                     LOCAL_UNITS, OUTPUT_MIN_CORR, OUTPUT_MIN_SNR, OUTPUT_REL_MAX, OUTPUT_WORDS, OWN_MARGIN, Noise, is_model_output, measured_floor,
                     sensitivity)
 from .result import (MATCH_SUGGESTED, METHOD_DIGEST, METHOD_ELEMENTWISE, METHOD_EXACT, METHOD_STATS, STATUS_FAIL,
-                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_FUSED, TAG_FUSED_WITH, TAG_INPUT_UNSEEN,
-                     TAG_READS_QUANTIZED, Amplifier,
-                     CallSeries, Criteria, DiffReport, PairResult)
+                     STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_PASS, STATUS_SHAPE, TAG_BEYOND_INT8, TAG_FUSED,
+                     TAG_FUSED_WITH, TAG_INPUT_UNSEEN, TAG_PORT_OP, TAG_READS_QUANTIZED, Amplifier, CallSeries, Criteria,
+                     DiffReport, PairResult)
 
 TAG_UNREAD = "unread"   # a failing integer result no recorded op reads: reported, never a divergence
 TAG_OUTPUT_QUANTIZED = "output_quantized"   # a model output judged by the output criterion of a quantized port
@@ -59,7 +59,6 @@ _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 
 
 # module and op names of recurrent cells (LSTM, GRU, RNN, fused or not): see _own_within_floor
-_RECURRENT_CELL = re.compile(r"(LSTM|GRU|RNN|lstm|gru|rnn_tanh|rnn_relu)")
 
 def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairResult],
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
@@ -259,7 +258,7 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
             # non-finite value it inherited from one born here
             out.append(replace(p, input_rel_err=max(known)[0], input_name=max(known)[1]))
             continue
-        rin, name = max(known)
+        rin, name = sources.main_input(known)
         gain = e / rin if rin > 0 else (math.inf if e > 0 else None)
         out.append(replace(p, input_rel_err=rin, input_name=name, gain=gain if p.method != METHOD_STATS else None))
     note = None if sources.has_graph or not results else (
@@ -275,6 +274,8 @@ class _InputSources:
 
     def __init__(self, results: Sequence[PairResult], weights: Sequence[PairResult], ref_records: Sequence[Record]):
         self.graph = {r.name: r.inputs for r in ref_records}
+        self.records = {r.name: r for r in ref_records}
+        self.derived = _derived_weights(ref_records, self.records)
         self.has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
         self.own_weights = _module_weights(weights, ref_records)
         self.children, self.draws = _inside_calls(results)
@@ -287,6 +288,17 @@ class _InputSources:
         # a module-level record whose input a parent's own code made (`self.post(self.conv(x) * self.scale)`)
         # reads that parent's weights through it: a changed buffer of the parent is named as its cause
         self.made_in = {r.name: m for r in ref_records if (m := made_in(r.tags, r.module)) is not None}
+
+    def main_input(self, known: list[tuple[float, str]]) -> tuple[float, str]:
+        """The input whose error a record's comes from: the largest relative error, unless the inputs are values
+        of other sizes (a flow's output and the log-determinant of an earlier step, rms 1e-3): then the largest
+        error in absolute terms (relative error x rms), which is what an addition passes on."""
+        recs = [self.records.get(n) for _, n in known]
+        sizes = [rms(r.stats) if r is not None and r.kind not in WEIGHT_KINDS else None for r in recs]
+        if len(known) < 2 or any(s is None or not math.isfinite(s) for s in sizes) or \
+                not all(math.isfinite(e) for e, _ in known):
+            return max(known)
+        return max(zip(known, sizes), key=lambda ks: (ks[0][0] * ks[1], ks[0]))[0]
 
     def errors(self, p: PairResult, rel: dict[str, float], carrier: str | None,
                prev: str | None) -> list[tuple[float, str]]:
@@ -327,9 +339,28 @@ class _InputSources:
             seen.add(i)
             if i in rel:
                 found.append(i)
+            elif self.derived.get(i) in rel:    # the parametrization's op value: its derived weight was compared
+                found.append(self.derived[i])
             else:
                 todo.extend(self.graph.get(i, ()))
         return found
+
+
+def _derived_weights(ref_records: Sequence[Record], by_name: Mapping[str, Record]) -> dict[str, str]:
+    """An op-level capture's value that a parametrization computes from weights alone (weight_norm's
+    `up.parametrizations.weight.0/_weight_norm_interface.0:0`) -> the derived weight recorded for it (`up.weight`,
+    tag `derived`): the same value, which the port's folded constant is paired with."""
+    derived = {(r.module, tuple(r.shape)): r.name for r in ref_records if TAG_DERIVED in r.tags}
+    if not derived:
+        return {}
+    out = {}
+    for r in ref_records:
+        if r.kind in WEIGHT_KINDS or ".parametrizations." not in r.module or not made_from_weights(r, by_name):
+            continue
+        owner = r.module.split(".parametrizations.")[0]
+        if (owner, tuple(r.shape)) in derived:
+            out[r.name] = derived[(owner, tuple(r.shape))]
+    return out
 
 
 def _inside_calls(results: Sequence[PairResult]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -633,7 +664,7 @@ def _own_within_floor(p: PairResult, done: dict[str, PairResult], by_name: dict[
         return p
     if family(rec.op) == "norm":
         return p  # a normalisation's conditioning is per channel: tensor-level statistics underestimate it
-    if _RECURRENT_CELL.search(rec.op):
+    if is_recurrent(rec.op):
         # A recurrent cell's record holds gate matmuls and squashing gates whose own rounding is not modelled
         # (its rounding here is one op's): on Silero VAD's LSTMCell (inputs of rms 513 into the gates) ONNX
         # Runtime's faithful export differs by 2.6e-6, 44 units, inside the floor 4.7e-6, and was called
@@ -726,6 +757,12 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
         own = src is None or not src.failed or (p.method != METHOD_STATS and src.method != METHOD_STATS)
         if own:
             return replace(p, cause=CAUSE_OWN, origin=p.name)
+    if rec is not None and _beyond_int8_input(p, rec, src):
+        return replace(p, cause=CAUSE_OWN, origin=p.name, tags=p.tags + (TAG_BEYOND_INT8,), explanation=(
+            f"relative error at least {p.rel_err_lower:.3g}, proven by the statistics, is "
+            f"{p.rel_err_lower / src_estimate(src):,.0f}x what its input {src.name} brings (int8's error, about "
+            f"{src_estimate(src):.2g} by its sketch): a float {rec.op.removeprefix('module:')} does not grow int8's "
+            "error that much" + _unseen_code(p)))
     if src.kind in WEIGHT_KINDS and src.failed:
         return replace(p, cause=CAUSE_WEIGHTS, origin=src.name)
     if src.angle is not None and src.angle.flips and not src.failed:
@@ -744,6 +781,30 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
     if src.cause == CAUSE_RANDOM:
         return replace(p, cause=CAUSE_RANDOM, origin=src.origin)
     return replace(p, cause=CAUSE_INHERITED, origin=src.origin or src.name)
+
+
+def src_estimate(src: PairResult) -> float:
+    """An input's relative error: measured, or what its sketches estimate (statistics)."""
+    if src.rel_err is not None:
+        return src.rel_err
+    estimate = src.metrics.get("rel_l2_err_estimate")
+    return estimate if estimate is not None and math.isfinite(estimate) else math.inf
+
+
+def _unseen_code(p: PairResult) -> str:
+    code = made_in(p.tags, p.module)
+    if code is None:
+        return ""
+    return f" (or {code or 'the model'}'s own code that made its input, which no record shows)"
+
+
+def _beyond_int8_input(p: PairResult, rec: Record, src: PairResult) -> bool:
+    """A float linear op (or an activation of slope at most 1), compared by statistics, reading int8's error
+    (its input computed with quantized arithmetic) whose proven error is FAR x that input's estimated error,
+    the estimate taken ESTIMATE_MARGIN high: `_linear_beyond`'s rule where values were not kept."""
+    if p.method != METHOD_STATS or not src.failed or src.cause != CAUSE_QUANTIZED or TAG_QUANTIZED in p.tags:
+        return False
+    return _credited_no_growth(rec.op) and (p.rel_err_lower or 0.0) >= QUANT_FAR * ESTIMATE_MARGIN * src_estimate(src)
 
 
 def _inside_unpaired(rec: Record, done: Mapping[str, PairResult], by_name: Mapping[str, Record]) -> bool:
@@ -820,13 +881,21 @@ def _port_bug(p: PairResult, first_quantized: PairResult | None) -> bool:
     if p.cause != CAUSE_OWN:
         return False
     return first_quantized is None or p.order < first_quantized.order or is_draw_finding(p) or \
-        (p.quantization is not None and p.quantization.finding is not None) or _linear_beyond(p)
+        (p.quantization is not None and p.quantization.finding is not None) or _linear_beyond(p) or \
+        TAG_BEYOND_INT8 in p.tags
 
 
 # activations whose slope is at most 1: the error they pass on is at most what they read
 _CONTRACTING = frozenset({"relu", "leaky_relu", "tanh", "hardtanh", "clamp", "Relu", "LeakyRelu", "Tanh", "Clip",
                           "ReLU", "LeakyReLU", "Hardtanh"})
-_RECURRENT = frozenset({"LSTM", "GRU", "RNN", "lstm", "gru", "LSTMCell", "GRUCell", "RNNCell"})
+
+
+def _credited_no_growth(op: str) -> bool:
+    """A float linear op (its conditioning is credited from its weights and inputs) or an activation of slope at
+    most 1 (none to credit); not a recurrent cell, whose gates' tails amplify."""
+    base = canonical_op(op)
+    contracting = op.removeprefix("module:") in _CONTRACTING or base in _CONTRACTING
+    return not is_recurrent(op) and (family(op) == "linear" or contracting)
 
 
 def _linear_beyond(p: PairResult) -> bool:
@@ -834,10 +903,7 @@ def _linear_beyond(p: PairResult) -> bool:
     its measured input error by FAR or more: a linear op's conditioning is credited from its weights and inputs
     (`explain.dot_cancellation`), and such an activation has none, so quantization error it reads cannot grow
     that much in it: the error is its own (a gain past frame N). Not a recurrent cell: its gates' tails amplify."""
-    op = p.op.removeprefix("module:")
-    base = canonical_op(p.op)
-    linear = family(p.op) == "linear" and op not in _RECURRENT and base not in _RECURRENT
-    return TAG_QUANTIZED not in p.tags and (linear or op in _CONTRACTING or base in _CONTRACTING) and \
+    return TAG_QUANTIZED not in p.tags and _credited_no_growth(p.op) and \
         p.method == METHOD_ELEMENTWISE and p.gain is not None and math.isfinite(p.gain) and p.gain >= QUANT_FAR
 
 
@@ -866,6 +932,7 @@ def amplifiers(results: list[PairResult], criteria: Criteria, by_name: dict[str,
     cands = [p for p in results if p.gain is not None and math.isfinite(p.gain) and p.gain >= MIN_GAIN
              and p.rel_err is not None and matters(p) and p.kind not in (KIND_MODEL_INPUT, KIND_RNG)
              and p.cause != CAUSE_QUANTIZED and TAG_QUANTIZED not in p.tags and TAG_INTEGER_DOMAIN not in p.tags
+             and TAG_PORT_OP not in p.tags     # its gain is of the reference's input; the port's op read another
              and p.method in values and measured_input(p) and not _near_zero_gain_only(p, by_name, pairs, readers)]
     cands.sort(key=lambda p: p.gain, reverse=True)
     out = []

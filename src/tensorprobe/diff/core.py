@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..record import KIND_MODEL_OUTPUT, TAG_RANDOM_REPLACED, WEIGHT_KINDS, Record, short_op
 from ..stats import TensorStats
 from . import analysis
-from .align import (MATCH_READER_REPACKED, MATCH_READER_T, Pair, Rule, align, declared_outputs,
+from .align import (MATCH_READER_REPACKED, MATCH_READER_T, MATCH_VIEW, Pair, Rule, align, declared_outputs,
                     inconsistent_order_pairs, load_rules, parse_rule, parse_rules, same_shape, torch_gate_order)
 from .compat import BOOL, INT, kinds_agree, not_comparable_reason, stats_bounds, value_kind
 from .db import DB_SCALES, db_error
@@ -169,6 +169,9 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
             return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor,
                                    layout=lambda a: np.ascontiguousarray(a.T))
         return _compare_stats(pair, criteria, base, floor, fingerprint=False)
+    if pair.method == MATCH_VIEW and r.has_tensor and c.has_tensor and r.stats.numel == c.stats.numel:
+        return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor, output_rule,
+                               layout=lambda a: a.reshape(tuple(r.shape)))
     if not same_shape(r.shape, c.shape):
         shapes = f"shape {_shape(r.shape)} vs {_shape(c.shape)}"
         layout = find_layout(ref_b.numpy(r.name), cand_b.numpy(c.name), _layout_limit(criteria, floor)) \

@@ -28,6 +28,8 @@ that *adds error of its own* (a port bug, another algorithm, other weights).
 
 from __future__ import annotations
 
+import re
+
 import math
 from typing import Any, Sequence
 
@@ -80,6 +82,19 @@ def family(op: str) -> str:
     if fam is None and op.startswith("module:"):
         fam = next((_BY_NAME[s] for s in _MODULE_SUFFIXES if base.endswith(s)), None)
     return fam or "other"
+
+
+_RECURRENT_NAME = re.compile(r"(LSTM|GRU|RNN|lstm|gru|rnn_tanh|rnn_relu|rnn_layer)")
+
+
+def is_recurrent(op: str) -> bool:
+    """A recurrent layer or cell, as a module (`module:LSTM`), an aten op (`aten.mkldnn_rnn_layer.default`) or an
+    ONNX op (`DynamicQuantizeLSTM`).
+
+        >>> is_recurrent("module:GRU"), is_recurrent("aten.mkldnn_rnn_layer.default"), is_recurrent("Conv")
+        (True, True, False)
+    """
+    return bool(_RECURRENT_NAME.search(op))
 
 
 # PyTorch's default epsilon of its normalisations: a channel whose variance is below it is divided by
@@ -281,4 +296,4 @@ def _e(v: float | None) -> str:
     return "?" if v is None else f"{v:.2g}"
 
 
-__all__ = ["HUGE_GAIN", "explain", "family", "predicted_gain"]
+__all__ = ["HUGE_GAIN", "explain", "family", "is_recurrent", "predicted_gain"]

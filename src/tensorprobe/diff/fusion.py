@@ -22,17 +22,18 @@ Two things follow, and both were false alarms on one of the most common audio bl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Callable, Sequence
 
 from ..record import KIND_MODEL_INPUT, KIND_MODEL_OUTPUT, KIND_OUTPUT, WEIGHT_KINDS, Record
-from .align import Alignment, Pair
-from .evidence import CAND_ONLY, UNPAIRED
-from .explain import family
+from .align import Alignment, Pair, made_from_weights
+from .evidence import CAND_ONLY, UNPAIRED, direct_inputs, module_weights
+from .explain import family, is_recurrent
 from .layout import TAG_LAYOUT
 from .noise import CAUSE_AMPLIFIED, CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED, CAUSE_WEIGHTS, OWN_MARGIN
-from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_FOLDED,
-                     TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_BEHIND, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN,
+from .result import (METHOD_STATS, STATUS_FAIL, STATUS_NOT_COMPARABLE, STATUS_NOT_PROVEN, STATUS_SHAPE, TAG_BEYOND_INT8,
+                     TAG_FOLDED, TAG_FUSED, TAG_FUSED_WITH, TAG_WEIGHT_BEHIND, TAG_WEIGHT_MISSING, TAG_WEIGHT_UNSEEN,
                      PairResult)
 
 # a reader whose error exceeds its input's by this much shows its weight's difference, whatever the floor says
@@ -120,6 +121,7 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
     readers = readers_of(list(differ.values()), {r.module for r in ref_records if r.kind not in (
         *WEIGHT_KINDS, KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)})
     order_of = {r.name: r.order for r in ref_records}
+    by_name = {r.name: r for r in ref_records}
     folded: dict[str, str] = {}
     failed_on: dict[str, PairResult] = {}
     for module, names in readers.items():
@@ -129,7 +131,8 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
         own = [p for p in forward if p.module == module and p.kind not in (KIND_MODEL_INPUT, KIND_MODEL_OUTPUT)]
         if any(p.failed for p in own):
             continue    # the reader diverges: the weight is the cause already
-        compared = [p for p in own if p.compared]
+        # (an op that reads nothing, a recurrent layer's zero initial state, shows nothing of a weight)
+        compared = [p for p in own if p.compared and not _reads_nothing(by_name.get(p.name))]
         if compared and all(p.status == STATUS_NOT_PROVEN or p.method == METHOD_STATS for p in compared):
             failed_on[compared[0].name] = _failed_on(compared[0], ws, (
                 "its statistics show no difference, but a weight it reads differs"
@@ -151,12 +154,21 @@ def judge_weight_readers(forward: list[PairResult], weights: list[PairResult],
             continue
         start = min((order_of[r.name] for r in ref_records if r.module == module and r.name in order_of
                      and r.kind not in WEIGHT_KINDS), default=None)
-        after = next((p for p in forward if start is not None and p.order > start and p.compared), None)
-        if after is not None and after.passed:    # statistics too: a folded weight is what exporters do
+        after = next((p for p in forward if start is not None and p.order > start and p.compared
+                      and not _reads_nothing(by_name.get(p.name))), None)
+        # (no exporter folds a norm into a recurrent layer: what follows one agreeing says its weights agree)
+        foldable = not any(is_recurrent(r.op) for r in ref_records if r.module == module)
+        if after is not None and after.passed and foldable:  # statistics too: a folded weight is what exporters do
             how = " as far as its statistics tell" if after.method == METHOD_STATS else ""
             for w in ws:
                 folded[w.name] = (f"the port has no value of {module}'s own, and {after.name}, computed after it, "
                                   f"agrees{how}: the port folded it into what follows")
+        elif after is not None and after.passed:
+            # a recurrent layer the two sides compute by other ops (1,293 against 14): its weight differs, and what
+            # follows agrees only within a floor a weight's difference hides under (float16's): it fails there
+            failed_on[after.name] = _failed_on(after, ws, (
+                f"it agrees within its floor, but {module}, which the port has no comparable value of, reads "
+                f"{ws[0].name}, which differs; no exporter folds a weight into a recurrent layer"))
         elif after is not None and after.failed and after.cause in (CAUSE_INHERITED, CAUSE_AMPLIFIED,
                                                                       CAUSE_QUANTIZED) and family(after.op) == "norm":
             # the norm that follows fails by the error it inherits from before (or by int8's, folded into an
@@ -183,15 +195,29 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
     zeros from a Conv; a port that zeroed it has the same graph). Its cause is the weight, not its code."""
     ref = {r.name: r for r in ref_records}
     paired = {w.cand_name for w in weights}
+    paired_ref = {w.name for w in weights}
+    own_weights = module_weights(ref_records)
     cand_weights = {c.name for c in cand_records if c.kind in WEIGHT_KINDS}
     cand_kinds = {c.name: c.kind for c in cand_records}
+    # sizes of the weights the port holds unpaired (a bias under another name; not a constant an exporter adds,
+    # InstanceNormalization's scale of ones and bias of zeros)
+    held = {math.prod(c.shape) for c in cand_records if c.kind in WEIGHT_KINDS and c.name not in paired
+            and not (c.stats is not None and c.stats.min == c.stats.max)}
     out = []
     for p in forward:
-        missing = [n for n, why in p.uncompared_inputs if why == UNPAIRED and n in ref and ref[n].kind in WEIGHT_KINDS]
-        # what else was not compared is data only the port computes (its own functional ops), not a weight
-        others = [n for n, why in p.uncompared_inputs if n not in missing and not (
-            why == CAND_ONLY and cand_kinds.get(n) not in (None, *WEIGHT_KINDS)) and not _identity(ref.get(n))]
-        if _own_unexplained(p) and missing and not others and not any(_all_zero(ref[n]) for n in missing):
+        if _jumps_unexplained(p) and p.name in ref:
+            # its input's error cannot clear it (made by code no record shows, compared by statistics), but it
+            # grew far beyond what that input brings, and a vector the port lacks (a bias: an op runs without
+            # one, not without its weight matrix, which the port may hold transposed or quantized under another
+            # name; and no unpaired weight of its size) explains the jump
+            missing = [n for n in direct_inputs(ref[p.name], own_weights) if n in ref and ref[n].kind in WEIGHT_KINDS
+                       and len(ref[n].shape) == 1 and n not in paired_ref and math.prod(ref[n].shape) not in held]
+            others: list[str] = []
+        elif _own_unexplained(p):
+            missing, others = _unpaired_inputs(p, ref, cand_kinds)
+        else:
+            missing, others = [], []
+        if missing and not others and not any(_all_zero(ref[n]) for n in missing):
             read = {i for c in cand_records if c.kind not in WEIGHT_KINDS and _within(c.module, p.module)
                     for i in c.inputs if i in cand_weights}
             if read <= paired:
@@ -200,11 +226,34 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
     return out
 
 
+def _unpaired_inputs(p: PairResult, ref: dict[str, Record],
+                     cand_kinds: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The weights `p` reads that have no counterpart, and its other inputs not compared that are not data only the
+    port computes (its own functional ops), not a module an export removes, not a value made of weights alone."""
+    missing = [n for n, why in p.uncompared_inputs if why == UNPAIRED and n in ref and ref[n].kind in WEIGHT_KINDS]
+    others = [n for n, why in p.uncompared_inputs if n not in missing and not (
+        why == CAND_ONLY and cand_kinds.get(n) not in (None, *WEIGHT_KINDS)) and not _identity(ref.get(n))
+        and not made_from_weights(ref.get(n), ref)]
+    return missing, others
+
+
 def _own_unexplained(p: PairResult) -> bool:
     """A failing pair whose error is called its own, with no explanation but "beyond what int8 explains"
     (`quantization`): what a weight's difference looks like in an int8 port too."""
-    beyond_int8 = p.quantization is not None and p.explanation == p.quantization.finding
+    beyond_int8 = (p.quantization is not None and p.explanation == p.quantization.finding) or TAG_BEYOND_INT8 in p.tags
     return p.failed and p.cause == CAUSE_OWN and (not p.explanation or beyond_int8)
+
+
+def _jumps_unexplained(p: PairResult) -> bool:
+    """A failing pair called inherited (or int8's) whose error is OWN_MARGIN x what its input brings and int8 adds
+    here (`quantization.QuantNoise`), as measured or estimated by the sketches: the error enters here, though the
+    rules that name an error "own" cannot prove it (an input made by code no record shows, or only estimated).
+    With a non-zero weight the port lacks (`missing_weights`), that is enough: the lacking is the evidence."""
+    if not (p.failed and p.cause in (CAUSE_INHERITED, CAUSE_QUANTIZED) and p.input_rel_err):
+        return False
+    e = p.rel_err if p.method != METHOD_STATS else p.metrics.get("rel_l2_err_estimate")
+    int8 = p.quantization.expected if p.quantization is not None else 0.0
+    return e is not None and e >= OWN_MARGIN * math.hypot(int8, p.input_rel_err)
 
 
 def _weights_cause(p: PairResult, weight: str, tag: str, explanation: str | None) -> PairResult:
@@ -264,6 +313,11 @@ def folded_predecessors(forward: list[PairResult], ref_records: Sequence[Record]
                 f"norm into the convolution before it), so the difference is made here or in {prev}"))
         out.append(p)
     return out
+
+
+def _reads_nothing(rec: Record | None) -> bool:
+    """An op record made from no value (zeros, arange): at op level every record names its inputs."""
+    return rec is not None and "/" in rec.name and not rec.inputs
 
 
 def _identity(rec: Record | None) -> bool:

@@ -20,23 +20,22 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..record import WEIGHT_KINDS, module_label
-from .align import Pair
+from .align import MATCH_VIEW, Pair
 from .evidence import CAND_ONLY
-from .noise import CAUSE_OWN, MEASURED
+from .noise import CAUSE_AMPLIFIED, CAUSE_OWN, MEASURED
 from .result import STATUS_FAIL, TAG_NORM_MEASURED, TAG_PORT_OP, Criteria, PairResult
 
 MATCH_READ = "value read"   # a reference value paired with the port's value that replaces it where it is read
 _MAX_STEPS = 64             # candidate-only records walked back from one op
+_VIEW_PLAUSIBLE = 10.0      # a value paired as a view carries at most this times the error of the op reading it
 
 
 def changed_by_port_ops(forward: Sequence[PairResult], ref_bundle: Any, cand_bundle: Any, criteria: Criteria,
                         compare: Callable[..., PairResult], noise: Mapping[str, Any] | None) -> list[PairResult]:
     """`forward`, each failing pair whose error is called its own while it reads a value only the port makes
-    re-told: where that value differs from what the reference reads, the error enters at the port's op."""
-    measured = [p for p in forward if p.passed and (p.floor_reason or "").startswith(MEASURED)]
-    if not measured and not any(p.failed and any(why == CAND_ONLY for _, why in p.uncompared_inputs)
-                                for p in forward):
-        return list(forward)
+    re-told: where that value differs from what the reference reads, the error enters at the port's op. A pair
+    that passes while reading such a value is tested too: an op after it may remove what the port's op changed
+    (a LayerNorm removes a gain on some frames), and then no later record shows it."""
     by_cand = {p.cand_name: p for p in forward}
     out = []
     for p in forward:
@@ -44,19 +43,21 @@ def changed_by_port_ops(forward: Sequence[PairResult], ref_bundle: Any, cand_bun
         # (a norm's "beyond what its input's error makes" measured the input the reference reads, not the port's)
         if p.failed and p.cause == CAUSE_OWN and (not p.explanation or TAG_NORM_MEASURED in p.tags) and extra:
             p = _entered_at(p, extra, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
-        elif p in measured:
-            p = _measured_elsewhere(p, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
+        elif p.passed or (p.failed and p.cause == CAUSE_AMPLIFIED):
+            p = _reads_port_value(p, by_cand, ref_bundle, cand_bundle, criteria, compare, noise or {})
         out.append(p)
     return out
 
 
-def _measured_elsewhere(p: PairResult, by_cand: Mapping[str, PairResult], ref_bundle: Any, cand_bundle: Any,
-                        criteria: Criteria, compare: Callable[..., PairResult], noise: Mapping[str, Any]) -> PairResult:
-    """A pair that passed on a measured floor ("its input differs by e, which its op amplifies"), while the port's
-    op reads a value of its own instead of that input: the measurement is not of what it reads. Where that value
-    differs from the reference's, the error enters at the port's op, and the pair fails with it as origin."""
+def _reads_port_value(p: PairResult, by_cand: Mapping[str, PairResult], ref_bundle: Any, cand_bundle: Any,
+                      criteria: Criteria, compare: Callable[..., PairResult], noise: Mapping[str, Any]) -> PairResult:
+    """A pair that passed (or failed as its input's error amplified) while the port's op reads a value of its own
+    instead of the reference's input. Where that value differs from the reference's, the error enters at the
+    port's op, and the pair fails with it as origin: on a measured floor ("its input differs by e, which its op
+    amplifies"), the measurement was not of what it reads; on any floor, what it reads differs though its own
+    value agrees (the op removes it)."""
     cand = cand_bundle.get(p.cand_name)
-    if cand is None:
+    if cand is None or not cand.inputs:
         return p
     extra = [i for i in cand.inputs if i not in by_cand and (r := cand_bundle.get(i)) is not None
              and r.kind not in WEIGHT_KINDS]
@@ -66,9 +67,15 @@ def _measured_elsewhere(p: PairResult, by_cand: Mapping[str, PairResult], ref_bu
                         criteria, compare, noise)
     if TAG_PORT_OP not in found.tags:
         return p
+    if p.failed:    # "amplified" rested on its input's error, while the port's op reads another value
+        return found
+    e = p.rel_err if p.rel_err is not None else p.metrics.get("rel_l2_err_lower")
+    if not (p.floor_reason or "").startswith(MEASURED):
+        error = f" (relative error {e:.3g})" if e is not None else ""
+        return replace(found, reasons=(f"its own value agrees{error}, but what it reads differs: {p.name} removes "
+                                       "the difference the port's op makes",))
     n = noise.get(p.name)
     floor = n.ceiling if n is not None else p.floor
-    e = p.rel_err if p.rel_err is not None else p.metrics.get("rel_l2_err_lower")
     return replace(found, floor=floor, floor_reason=f"{found.floor_reason}; not backed: the port's op reads another "
                    "value than the input measured", reasons=(f"relative error {e:.3g} beyond the rounding noise "
                                                              f"{floor:.2g}",))
@@ -97,7 +104,31 @@ def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResul
                     f"agrees with {agrees}) by ops the reference does not have, in {module_label(x.module)}; "
                     f"against {q.name}, which the reference reads, its relative error is {seen.rel_err:.3g}: the "
                     f"error enters at {name}"))
+        r = _replaced(x, ref_rec, ref_bundle, by_cand) if p.failed and p.rel_err else None
+        if r is not None:
+            seen = compare(ref_bundle, cand_bundle, Pair(r, x, MATCH_VIEW), criteria, noise=noise.get(r.name))
+            # (read as a view of another shape, a transposed value would differ wholesale: far beyond what the
+            # failing op makes of it, which tells a wrong pairing from a difference that enters there)
+            if seen.failed and seen.rel_err is not None and seen.rel_err <= _VIEW_PLAUSIBLE * p.rel_err:
+                where = module_label(x.module)
+                return replace(p, origin=name, tags=p.tags + (TAG_PORT_OP,), explanation=(
+                    f"the value it reads differs already: the port computes {where}'s value {name} by ops the "
+                    f"reference does not have (the reference computes {r.name}, which has no counterpart); against "
+                    f"it, its relative error is {seen.rel_err:.3g}: the error enters in {where}"))
     return p
+
+
+def _replaced(x: Any, ref_rec: Any, ref_bundle: Any, by_cand: Mapping[str, PairResult]) -> Any:
+    """The reference's input of `ref_rec` that the port's value `x` stands for: made in `x`'s module, of its size
+    (the port's may be a view of it in another shape), and paired with nothing (a norm the port computes by
+    other ops: its mean, sub, div against one group-norm op)."""
+    paired = {q.name for q in by_cand.values()}
+    for name in ref_rec.inputs:
+        r = ref_bundle.get(name)
+        if r is not None and r.name not in paired and r.kind not in WEIGHT_KINDS and r.has_tensor and \
+                r.module == x.module and r.stats.numel == x.stats.numel:
+            return r
+    return None
 
 
 def _made_by(x: Any, cand_bundle: Any) -> Any:

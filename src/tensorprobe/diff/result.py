@@ -33,6 +33,7 @@ TAG_WEIGHT_BEHIND = "weight_behind"   # weights: a module the port has no value 
 TAG_NORM_MEASURED = "norm_measured"   # own: beyond what its input's error, measured on values, makes (conditioning)
 TAG_PORT_OP = "port_op"   # the value it reads differs already: an op only the port has changed it (diff.port_ops)
 TAG_WEIGHT_MISSING = "weight_missing"   # a reader failed, and a weight it reads has no counterpart (diff.fusion)
+TAG_BEYOND_INT8 = "beyond_int8_input"   # own: statistics prove FAR x what its int8 input's sketch estimates (analysis)
 TAG_FOLDED = "folded"   # a weight that differs while what its reader computes agrees (diff.fusion): a note
 MATCH_SUGGESTED = "rule (suggested)"   # a weight paired by the rename rules diff offers, not by the user
 

@@ -4,7 +4,8 @@
 `isolate` sees module boundaries only, not the ops inside, so it *measures* that rounding instead:
 
 - **Local error.** The candidate's module ran on the reference's exact inputs. A relative L2 error within
-  `NOISE_UNITS` roundoffs `u` (the coarser dtype of the two outputs; TF32 for a CUDA float32 module that
+  `NOISE_UNITS` roundoffs `u` (`REDUCED_NOISE_UNITS` where either side holds it in float16 or bfloat16, as in
+  `diff`; `u` of the coarser dtype of the two outputs; TF32 for a CUDA float32 module that
   convolves or multiplies matrices) passes at once. Above it, the reference module is run once more on the
   same inputs in float64 (float32 for a float64 reference): the relative error of the reference against
   that run, divided by the reference's roundoff, is how many roundoffs this module's arithmetic
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..diff.noise import NOISE_UNITS, dtype_roundoff
+from ..diff.noise import NOISE_UNITS, REDUCED_NOISE_UNITS, dtype_roundoff
 from ..diff.result import Criteria
 from ..environment import UNIT_ROUNDOFF
 
@@ -67,7 +68,7 @@ class RoundingFloors:
         reference module accumulates on these inputs."""
         if not self.enabled:
             return None
-        base = NOISE_UNITS * self.unit(ref, cand, module)
+        base = noise_units(ref, cand) * self.unit(ref, cand, module)
         if rel is None or not math.isfinite(rel) or rel <= base:
             return base
         units = measure()
@@ -80,7 +81,15 @@ class RoundingFloors:
         """The floor for the k-th module call's accumulated error (k = `order`, from 0)."""
         if not self.enabled:
             return None
-        return NOISE_UNITS * self.unit(ref, cand) * max(math.sqrt(order + 1), self.units_seen)
+        return noise_units(ref, cand) * self.unit(ref, cand) * max(math.sqrt(order + 1), self.units_seen)
+
+
+def noise_units(ref: torch.Tensor, cand: torch.Tensor) -> int:
+    """Roundoffs a floor allows, as `diff` allows them (`diff.noise.Noise.units`): REDUCED_NOISE_UNITS where either
+    side holds the value in float16 or bfloat16 (32 of bfloat16's would pass a dropped bias: 12.5%), else
+    NOISE_UNITS."""
+    half = {ref.dtype, cand.dtype} & {torch.float16, torch.bfloat16}
+    return REDUCED_NOISE_UNITS if half else NOISE_UNITS
 
 
 def _may_use_tf32(module: torch.nn.Module | None) -> bool:
@@ -178,4 +187,4 @@ def _in_dtype(module: torch.nn.Module, dtype: torch.dtype) -> Iterator[None]:
                 object.__setattr__(owner, name, original)
 
 
-__all__ = ["NOISE_UNITS", "RoundingFloors", "rounding_units"]
+__all__ = ["NOISE_UNITS", "RoundingFloors", "noise_units", "rounding_units"]

@@ -18,7 +18,7 @@ import torch
 from ...errors import InputError, TargetError
 from ...hooks import module_hooks
 from ...modes import eval_mode
-from .names import MODULE_OUTPUT_NODES_KEY, MODULE_OUTPUTS_KEY, SCOPE_KEY
+from .names import MODULE_OUTPUT_NODES_KEY, MODULE_OUTPUTS_KEY, SCOPE_KEY, VALUE_SCOPES_KEY
 from .session import save_model
 
 EXPORTERS = ("dynamo", "legacy")
@@ -247,12 +247,17 @@ def _stamp_scopes(proto: Any, ep: Any, model: torch.nn.Module, outputs: "ModuleO
 
     chains = module_chains(ep, model)
     fx_name = re.compile(r"^%(\S+) :")
+    value_scopes: dict[str, list] = {}
     for node in proto.graph.node:
         md = {p.key: p for p in node.metadata_props}
         m = fx_name.match(md["pkg.torch.onnx.fx_node"].value) if "pkg.torch.onnx.fx_node" in md else None
         if m and m.group(1) in chains:
             entry = node.metadata_props.add()
             entry.key, entry.value = SCOPE_KEY, json.dumps(chains[m.group(1)])
+            if chains[m.group(1)]:
+                value_scopes.update((o, chains[m.group(1)]) for o in node.output if o)
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = VALUE_SCOPES_KEY, json.dumps(value_scopes, separators=(",", ":"))
     entry = proto.metadata_props.add()
     entry.key, entry.value = MODULE_OUTPUTS_KEY, json.dumps(outputs.shapes)
     nodes = tied_output_nodes(ep, chains, outputs, inputs)

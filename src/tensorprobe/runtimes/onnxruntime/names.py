@@ -42,6 +42,8 @@ from .quant import QUANTIZERS as _QUANTIZERS, quantization_roles
 SCOPE_KEY = "tensorprobe.scope"
 MODULE_OUTPUTS_KEY = "tensorprobe.module_outputs"   # {"path@call": [shape, ...]} for modules returning tuples
 MODULE_OUTPUT_NODES_KEY = "tensorprobe.module_output_nodes"   # {"path@call": [fx node, ...]} where shapes tie
+# {value: chain} for every value a stamped node makes: model metadata survives a quantizer, node metadata does not
+VALUE_SCOPES_KEY = "tensorprobe.value_scopes"
 ANGLE_OPS = {"Atan"}
 ANGLE_PASS_OPS = {"Where", "Add", "Sub", "Neg", "ScatterND", "ScatterElements", "Identity"}
 RNG_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
@@ -239,6 +241,7 @@ class GraphNamer:
         meta = {p.key: p.value for p in model.metadata_props}
         self.module_shapes: dict[str, list] = json.loads(meta.get(MODULE_OUTPUTS_KEY, "{}"))
         self.module_output_nodes: dict[str, list] = json.loads(meta.get(MODULE_OUTPUT_NODES_KEY, "{}"))
+        self.value_scopes: dict[str, list] = json.loads(meta.get(VALUE_SCOPES_KEY, "{}"))
         self.nodes = list(self.graph.node)
         self.rules = rules or MappingRules()
         self.initializers = {i.name for i in self.graph.initializer}
@@ -268,12 +271,42 @@ class GraphNamer:
             if chain:
                 by_path[chain[-1][0]] = chain
             chains.append(chain)
+        self._scope_replaced(chains)
         _fix_legacy_calls(chains)
         self._number_calls(chains)
         if self.rules.rules:    # with rules, a node they don't name stays at the root
             chains = [c if c is not None else () for c in chains]
         self._fill_clusters(chains, by_path)
         return [c if c is not None else () for c in chains]
+
+    def _scope_replaced(self, chains: list[Chain | None]) -> None:
+        """Scope the nodes a quantizer put in place of a stamped node from the export's value scopes.
+
+        A quantizer drops node metadata but keeps the name of the value it replaces (`conv1d`, made by the
+        rescale Mul that ends a ConvInteger's chain) and the model's metadata: that value keeps its module, and
+        so do the quantizer's nodes that lead to it (its ConvInteger, Cast, scale Mul, the DynamicQuantizeLinear
+        of its input). Without this, a conv whose weight is computed (weight_norm, folded into `mul`) and that
+        has no bias names no module parameter, and its output would be the root's. A node that reads a module's
+        weight is left to `_fill_clusters`."""
+        if not self.value_scopes:
+            return
+        for i, node in enumerate(self.nodes):
+            # (a kernel that reads a module's weight is that module's: `_fill_clusters` scopes it, and a conv the
+            # exporter fused with the norm after it keeps the conv's name, though its value is the norm's)
+            if chains[i] is not None or node.metadata_props or self._weight_module(node) is not None:
+                continue
+            scoped = [self.value_scopes[o] for o in node.output if o in self.value_scopes]
+            if not scoped:
+                continue
+            chain = tuple((p, int(c)) for p, c in scoped[0])
+            chains[i] = chain
+            todo = [self.producer[v] for v in node_inputs(node) if v in self.producer]
+            while todo:
+                j = todo.pop()
+                if chains[j] is None and not self.nodes[j].metadata_props and self._quantizer_node(self.nodes[j]) \
+                        and self._weight_module(self.nodes[j]) is None:
+                    chains[j] = chain
+                    todo.extend(self.producer[v] for v in node_inputs(self.nodes[j]) if v in self.producer)
 
     def _number_calls(self, chains: list[Chain | None]) -> None:
         """Call indices for the scopes a user's dynamo export names without them (`pkg.torch.onnx.name_scopes`:
