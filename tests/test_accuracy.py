@@ -98,6 +98,11 @@ def test_the_repros_of_exporter_folding_and_unseen_weights(case_id, first):
     # the dynamo exporter folds the BatchNorm into the conv: "made here or in blocks.0.0" (the cause cannot be
     # told: folded weights differ in a faithful export too)
     ("convnorm-batch-plain-leaky/onnx/module-full/permute_out@blocks.0.0/s5273", "blocks.0.1 or blocks.0.0", False),
+    # ... at op level, a norm's eps changed: the norm reads the conv's folded weights, which differ by the folding
+    # and by the eps alike; the first record is the norm's "or the conv's (the port holds the two in one value)"
+    ("convnorm-batch-plain-gelu/onnx/op-full/eps@blocks.0.1/s6262",
+     "blocks.0.0 (its weight blocks.0.0.bias differs, and the port has no value of blocks.0.0's own to compare), "
+     "seen first at blocks.0.1/native_batch_norm.0:0 or blocks.0.0/convolution.0", False),
 ])
 def test_the_verdict_names_where_the_error_enters_when_the_port_has_no_value_there(case_id, place, cause_right):
     pytest.importorskip("onnxruntime")
@@ -182,6 +187,8 @@ def test_planted_bugs_found_where_quantization_compilation_or_16_bits_hid_them(c
     # an op the port computes by other ops (a transposed front end, attention's in-projection) is no view of
     # the reference's value it stands for
     ("meldb/onnx/op-full/faithful/s4903", "match"),
+    # ... nor a model output that passes a quantized port's criterion, read through the int8 Linear it replaces
+    ("attention/onnx-int8/op-full/faithful/s4810", "match"),
     ("attention/aot_eager/op-full/faithful/s4525", "match"),
     ("rnn-lstm/fp16/op-full/faithful/s2740", None),
     # conv + BatchNorm folded by the exporter, then quantized: the int8 conv keeps the conv's module

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from .archs import ARCHS
-from .bugs import BUGS
 from .cases import Case, applicable, family
 
 ISOLATE_PORTS = {"torch": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -28,35 +27,38 @@ _SKIP_ARCHS = ("dictio",)
 
 @dataclass(frozen=True)
 class IsolateCase:
-    arch: str
-    port: str
-    bug: str | None
-    site: str | None
-    seed: int
+    """A `diff` case's truth (architecture, port, bug, site, seed) run through `isolate` instead."""
+
+    case: Case
 
     @property
     def id(self) -> str:
-        truth = "faithful" if self.bug is None else f"{self.bug}@{self.site}"
-        return f"isolate/{self.arch}/{self.port}/{truth}/s{self.seed}"
+        arch, port, _level, truth, seed = self.case.id.split("/")
+        return f"isolate/{arch}/{port}/{truth}/{seed}"
 
     @classmethod
     def from_id(cls, case_id: str) -> "IsolateCase":
-        tool, arch, port, truth, seed = case_id.split("/")
-        if tool != "isolate" or arch not in ARCHS or port not in ISOLATE_PORTS or not seed.startswith("s"):
+        parts = case_id.split("/")
+        if len(parts) != 5 or parts[0] != "isolate" or parts[2] not in ISOLATE_PORTS:
             raise ValueError(f"not an isolate case id: {case_id!r} (isolate/arch/port/truth/sSEED)")
-        bug, site = (None, None) if truth == "faithful" else truth.split("@", 1)
-        if bug is not None and bug not in BUGS:
-            raise ValueError(f"unknown bug {bug!r} in {case_id!r}")
-        return cls(arch, port, bug, site, int(seed[1:]))
+        _, arch, port, truth, seed = parts
+        return cls(Case.from_id(f"{arch}/{port}/module-full/{truth}/{seed}"))
+
+    @property
+    def bug(self) -> str | None:
+        return self.case.bug
+
+    @property
+    def site(self) -> str | None:
+        return self.case.site
+
+    @property
+    def port(self) -> str:
+        return self.case.port
 
     @property
     def cell(self) -> tuple[str, str, str]:
-        return family(self.arch), f"isolate-{self.port}", "module"
-
-    @property
-    def as_diff_case(self) -> Case:
-        """The same truth as a `diff` case: its strength and void threshold are the port's."""
-        return Case(self.arch, self.port, "module-full", self.bug, self.site, self.seed)
+        return family(self.case.arch), f"isolate-{self.port}", "module"
 
 
 def judge_isolate(case: IsolateCase) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def judge_isolate(case: IsolateCase) -> dict[str, Any]:
 
     from .run import _build, effect
 
-    diff_case = case.as_diff_case
+    diff_case = case.case
     out: dict[str, Any] = {}
     if case.bug is not None:
         out["effect"] = effect(diff_case)
@@ -109,10 +111,10 @@ def generate_isolate(count: int, seed: int = 0, ports: tuple[str, ...] = tuple(I
             arch = rng.choice(by_family[fam])
             planted = [(b, s) for s, bugs in sites[arch].items() for b in bugs if applicable(arch, port, b, s)]
             if k < n_faithful or not planted:
-                case = IsolateCase(arch, port, None, None, rng.randrange(10_000))
+                case = IsolateCase(Case(arch, port, "module-full", None, None, rng.randrange(10_000)))
             else:
                 bug, site = rng.choice(planted)
-                case = IsolateCase(arch, port, bug, site, rng.randrange(10_000))
+                case = IsolateCase(Case(arch, port, "module-full", bug, site, rng.randrange(10_000)))
             cases[case.id] = case
     out = list(cases.values())
     rng.shuffle(out)

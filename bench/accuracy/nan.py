@@ -25,6 +25,7 @@ import torch
 
 from .archs import ARCHS, Built
 from .cases import family
+from .run import cast_floats
 
 NAN_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 
@@ -106,14 +107,6 @@ def _plant(model: torch.nn.Module, site: str, change: Callable[[torch.Tensor], t
     m.forward = lambda *a, **k: change(forward(*a, **k))
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
-    return type(value)(_cast(v, dtype) for v in value) if isinstance(value, (tuple, list)) else value
-
-
 def build(case: NanCase) -> Built:
     """The case's model (planted where it says) and inputs, in its dtype."""
     built = ARCHS[case.arch](case.seed)
@@ -121,7 +114,7 @@ def build(case: NanCase) -> Built:
         kind = case.truth.split("@", 1)[0].removeprefix("handled:")
         _plant(built.model, case.site, NAN_BUGS[kind][0] if kind in NAN_BUGS else HANDLED[kind])
     dtype = NAN_DTYPES[case.dtype]
-    return Built(built.model.to(dtype), _cast(built.inputs, dtype), built.sites)
+    return Built(built.model.to(dtype), cast_floats(built.inputs, dtype), built.sites)
 
 
 def _site_nonfinite(built: Built, site: str) -> bool:

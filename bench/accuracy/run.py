@@ -70,13 +70,14 @@ def effect(case: Case) -> float:
     return (num / den) ** 0.5 if den > 0 else float("inf") if num > 0 else 0.0
 
 
-def _cast(value: Any, dtype: torch.dtype) -> Any:
+def cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    """Every floating tensor in `value` (nested dicts, tuples, lists) cast to `dtype`."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
+        return {k: cast_floats(v, dtype) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return type(value)(_cast(v, dtype) for v in value)
+        return type(value)(cast_floats(v, dtype) for v in value)
     return value
 
 
@@ -90,7 +91,7 @@ def _torch_port(case: Case, ref_bundle: Any, cand: Built, out: Path) -> Any:
     options: dict[str, Any] = {}
     if case.port in SIXTEEN_BIT:
         dtype = torch.float16 if case.port == "fp16" else torch.bfloat16
-        model, inputs = model.to(dtype), _cast(inputs, dtype)
+        model, inputs = model.to(dtype), cast_floats(inputs, dtype)
     if case.port == "aot_eager":
         options.update(compile=True, backend="aot_eager")
     # a compiled graph draws from torch's generator as eager does: the same seed gives the same draws, and a
@@ -177,7 +178,7 @@ def judge(case: Case, report: Any) -> dict[str, Any]:
     out["detected"] = verdict == "diverged"
     fused = report.fused_with(first)          # "made in one of the two": the verdict names both
     out["localized"] = module is not None and (_within(module, case.site) or enclosing or (
-        fused is not None and _within(_module(fused), case.site)))
+        fused is not None and (_within(_module(fused), case.site) or _within(_module(first), case.site))))
     out["enclosing"] = bool(enclosing)
     out["cause_right"] = out["localized"] and cause in BUGS[case.bug].causes
     return out

@@ -294,20 +294,26 @@ def weights_behind_unpaired(forward: list[PairResult], weights: Sequence[PairRes
 
 
 def folded_predecessors(forward: list[PairResult], ref_records: Sequence[Record]) -> list[PairResult]:
-    """A failing record whose error is called its own while the reference's record just before it, which it
-    reads, has no counterpart in the port: an exporter folded the two into one value (torch.onnx's dynamo
+    """A failing record whose error is called its own (or the weights' of the record before it) while the
+    reference's record just before it, which it reads, has no counterpart in the port: an exporter folded the two into one value (torch.onnx's dynamo
     exporter folds an eval-mode BatchNorm into the conv before it, weights included), so the difference is made
     in one of the two. Tagged `fused_with:` that record; the summary names both."""
     order = sorted((r for r in ref_records if r.kind not in (*WEIGHT_KINDS, KIND_MODEL_INPUT)), key=lambda r: r.order)
     before = {b.name: a for a, b in zip(order, order[1:])}
+    paired = {p.name for p in forward}
     out = []
     for p in forward:
         rec = before.get(p.name)
         prev = rec.name if rec is not None else None
-        # a norm after a convolution or a linear: what exporters fold (a renamed block is not folded: `renames`)
-        if p.failed and p.cause == CAUSE_OWN and not p.explanation and rec is not None and \
+        # a norm after a convolution or a linear: what exporters fold (a renamed block is not folded: `renames`);
+        # its error called its own, or the folded weights' of that convolution (they differ by the folding)
+        own = p.cause == CAUSE_OWN and not p.explanation
+        folded_weight = p.cause == CAUSE_WEIGHTS and rec is not None and p.origin is not None and \
+            p.origin.rsplit(".", 1)[0] == rec.module
+        if p.failed and (own or folded_weight) and rec is not None and \
                 family(p.op) == "norm" and family(rec.op) == "linear" and \
-                (prev, UNPAIRED) in p.uncompared_inputs and TAG_FUSED not in p.tags:
+                ((prev, UNPAIRED) in p.uncompared_inputs or folded_weight and prev not in paired) and \
+                TAG_FUSED not in p.tags:
             p = replace(p, tags=p.tags + (TAG_FUSED_WITH + prev,), explanation=(
                 f"the port has no value of {prev}, which it reads: an exporter folded the two into one (an eval-mode "
                 f"norm into the convolution before it), so the difference is made here or in {prev}"))

@@ -63,8 +63,9 @@ def _reads_port_value(p: PairResult, by_cand: Mapping[str, PairResult], ref_bund
              and r.kind not in WEIGHT_KINDS]
     if not extra:
         return p
+    # (no value paired as a view here: an op that agrees proves nothing of what such a pairing claims)
     found = _entered_at(replace(p, status=STATUS_FAIL, cause=CAUSE_OWN), extra, by_cand, ref_bundle, cand_bundle,
-                        criteria, compare, noise)
+                        criteria, compare, noise, views=False)
     if TAG_PORT_OP not in found.tags:
         return p
     if p.failed:    # "amplified" rested on its input's error, while the port's op reads another value
@@ -83,7 +84,7 @@ def _reads_port_value(p: PairResult, by_cand: Mapping[str, PairResult], ref_bund
 
 def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResult], ref_bundle: Any,
                 cand_bundle: Any, criteria: Criteria, compare: Callable[..., PairResult],
-                noise: Mapping[str, Any]) -> PairResult:
+                noise: Mapping[str, Any], views: bool = True) -> PairResult:
     ref_rec = ref_bundle.get(p.name)
     if ref_rec is None:
         return p
@@ -104,7 +105,7 @@ def _entered_at(p: PairResult, extra: list[str], by_cand: Mapping[str, PairResul
                     f"agrees with {agrees}) by ops the reference does not have, in {module_label(x.module)}; "
                     f"against {q.name}, which the reference reads, its relative error is {seen.rel_err:.3g}: the "
                     f"error enters at {name}"))
-        r = _replaced(x, ref_rec, ref_bundle, by_cand) if p.failed and p.rel_err else None
+        r = _replaced(x, ref_rec, ref_bundle, by_cand) if views and p.rel_err else None
         if r is not None:
             seen = compare(ref_bundle, cand_bundle, Pair(r, x, MATCH_VIEW), criteria, noise=noise.get(r.name))
             # (read as a view of another shape, a transposed value would differ wholesale: far beyond what the
