@@ -258,7 +258,7 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
             # non-finite value it inherited from one born here
             out.append(replace(p, input_rel_err=max(known)[0], input_name=max(known)[1]))
             continue
-        rin, name = sources.main_input(known)
+        rin, name = max(known)
         gain = e / rin if rin > 0 else (math.inf if e > 0 else None)
         out.append(replace(p, input_rel_err=rin, input_name=name, gain=gain if p.method != METHOD_STATS else None))
     note = None if sources.has_graph or not results else (
@@ -288,17 +288,6 @@ class _InputSources:
         # a module-level record whose input a parent's own code made (`self.post(self.conv(x) * self.scale)`)
         # reads that parent's weights through it: a changed buffer of the parent is named as its cause
         self.made_in = {r.name: m for r in ref_records if (m := made_in(r.tags, r.module)) is not None}
-
-    def main_input(self, known: list[tuple[float, str]]) -> tuple[float, str]:
-        """The input whose error a record's comes from: the largest relative error, unless the inputs are values
-        of other sizes (a flow's output and the log-determinant of an earlier step, rms 1e-3): then the largest
-        error in absolute terms (relative error x rms), which is what an addition passes on."""
-        recs = [self.records.get(n) for _, n in known]
-        sizes = [rms(r.stats) if r is not None and r.kind not in WEIGHT_KINDS else None for r in recs]
-        if len(known) < 2 or any(s is None or not math.isfinite(s) for s in sizes) or \
-                not all(math.isfinite(e) for e, _ in known):
-            return max(known)
-        return max(zip(known, sizes), key=lambda ks: (ks[0][0] * ks[1], ks[0]))[0]
 
     def errors(self, p: PairResult, rel: dict[str, float], carrier: str | None,
                prev: str | None) -> list[tuple[float, str]]:
