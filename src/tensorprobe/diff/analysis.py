@@ -58,8 +58,6 @@ _DATA_CONDITIONED = frozenset({"norm", "sin", "exp", "log", "div", "angle", "sof
 _CALL_RE = re.compile(r"^([^@/:]*)@(\d+)(.*)$")
 
 
-# module and op names of recurrent cells (LSTM, GRU, RNN, fused or not): see _own_within_floor
-
 def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairResult],
                  ref_records: Sequence[Record], ref_only: list[str], cand_only: list[str],
                  notes: list[str], ref_bundle: Any = None, cand_bundle: Any = None,
@@ -274,8 +272,7 @@ class _InputSources:
 
     def __init__(self, results: Sequence[PairResult], weights: Sequence[PairResult], ref_records: Sequence[Record]):
         self.graph = {r.name: r.inputs for r in ref_records}
-        self.records = {r.name: r for r in ref_records}
-        self.derived = _derived_weights(ref_records, self.records)
+        self.derived = _derived_weights(ref_records)
         self.has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
         self.own_weights = _module_weights(weights, ref_records)
         self.children, self.draws = _inside_calls(results)
@@ -335,13 +332,14 @@ class _InputSources:
         return found
 
 
-def _derived_weights(ref_records: Sequence[Record], by_name: Mapping[str, Record]) -> dict[str, str]:
+def _derived_weights(ref_records: Sequence[Record]) -> dict[str, str]:
     """An op-level capture's value that a parametrization computes from weights alone (weight_norm's
     `up.parametrizations.weight.0/_weight_norm_interface.0:0`) -> the derived weight recorded for it (`up.weight`,
     tag `derived`): the same value, which the port's folded constant is paired with."""
     derived = {(r.module, tuple(r.shape)): r.name for r in ref_records if TAG_DERIVED in r.tags}
     if not derived:
         return {}
+    by_name = {r.name: r for r in ref_records}
     out = {}
     for r in ref_records:
         if r.kind in WEIGHT_KINDS or ".parametrizations." not in r.module or not made_from_weights(r, by_name):
