@@ -21,14 +21,16 @@ from pathlib import Path
 from .cases import generate
 from .isolate import generate_isolate
 from .nan import generate_nan
+from .sweep import generate_sweep
 from .run import case_from_id, run_population
 from .report import failed_targets, markdown, misses, score
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = {"count": 200, "seed": 0, "ports": ("torch", "fp16", "bf16", "onnx-legacy", "aot_eager"), "nan": 120,
-         "isolate": 60}
-FULL = {"count": 3500, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "aot_eager"),
-        "nan": 400, "isolate": 400}
+         "isolate": 60, "sweep": 0}
+FULL = {"count": 3500, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "onnx-qdq",
+                                            "aot_eager", "inductor", "executorch"), "nan": 400, "isolate": 400,
+        "sweep": 120}
 
 
 def _machine() -> dict:
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is not None:
         plan["seed"] = args.seed
     cases = generate(plan["count"], plan["seed"], ports=plan["ports"]) + generate_nan(plan["nan"], plan["seed"]) + \
-        generate_isolate(plan["isolate"], plan["seed"])
+        generate_isolate(plan["isolate"], plan["seed"]) + generate_sweep(plan["sweep"], plan["seed"])
     started = time.perf_counter()
     outcomes = run_population(cases, args.jobs)
     seconds = time.perf_counter() - started

@@ -117,11 +117,11 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
-TOOLS = ("diff", "nan", "isolate")
+TOOLS = ("diff", "nan", "isolate", "sweep")
 
 
 def tool_of(outcome: dict[str, Any]) -> str:
-    """Which tool a case measures: `nan/...` and `isolate/...` ids name theirs; the others are `diff`'s."""
+    """Which tool a case measures: `nan/...`, `isolate/...` and `sweep/...` ids name theirs; the others are `diff`'s."""
     head = outcome["id"].split("/", 1)[0]
     return head if head in TOOLS else "diff"
 
@@ -144,8 +144,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "together; do not edit by hand).",
         "",
         f"Measured on {doc['date']} on {machine['platform']} ({machine['cpus']} CPUs), torch {machine['torch']}, "
-        f"in {doc['seconds']:.0f} s: {total['cases']} `diff` cases, {len(nans)} `nan` cases and "
-        f"{len(tools['isolate'])} `isolate` cases drawn with seed {doc['seed']}.",
+        f"in {doc['seconds']:.0f} s: {total['cases']} `diff` cases, {len(nans)} `nan` cases, "
+        f"{len(tools['isolate'])} `isolate` cases and {len(tools['sweep'])} `sweep` cases drawn with seed {doc['seed']}.",
         "",
         "## How it is measured",
         "",
@@ -206,7 +206,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for cell, s in by_cell(outcomes).items():
         lines.append(f"| {' | '.join(cell)} | {s['faithful']} | {s['false_alarms']} | {s['planted']} | "
                      f"{_pct(s['localized'])} | {_pct(s['cause_right'])} | {s['errors']} |")
-    lines += _nan_section(nans) + _isolate_section(tools["isolate"])
+    lines += _nan_section(nans) + _isolate_section(tools["isolate"]) + _sweep_section(tools["sweep"])
     wrong = misses(everything)
     lines += ["", "## Wrong verdicts by port and kind", "",
               "| port | what was wrong | bugs | cases |", "|---|---|---|---|"]
@@ -251,6 +251,25 @@ def _isolate_section(outcomes: list[dict[str, Any]]) -> list[str]:
         "",
     ]
     return lines + _tool_tables(outcomes, "faithful", "port", "layer right")
+
+
+def _sweep_section(outcomes: list[dict[str, Any]]) -> list[str]:
+    """The `sweep` cases: how they are made and scored, overall and per cell."""
+    if not outcomes:
+        return []
+    lines = [
+        "", "## `sweep`: which items of a corpus does a port get wrong, and where?", "",
+        "Each case is an architecture above, a corpus of six items (its input cut to 1/4 ... all of its length) and a",
+        "PyTorch candidate run as is or in float16 (a wrapper around `model.half()`): the same model, or one whose",
+        "module M scales its output past the frame where the middle item ends at M, so the bug bites only the",
+        "longer items (`bench/accuracy/sweep.py`). `tensorprobe.sweep` runs the corpus as a user runs it (a sweep",
+        "file, tier 1 first). An item is planted when the bug moves M's own output on it, clean when it does not",
+        "move it at all. A case is *localized* when the items with a finding are exactly the planted ones and each",
+        "names M (or a record inside it) as its first divergence; its cause is right when each says `own`. A finding",
+        "on a clean item is a false alarm.",
+        "",
+    ]
+    return lines + _tool_tables(outcomes, "faithful", "port", "exact items, layer right")
 
 
 def _tool_tables(outcomes: list[dict[str, Any]], faithful: str, port: str, right: str) -> list[str]:

@@ -30,7 +30,7 @@ from tensorprobe.record import KIND_MODEL_OUTPUT, parse_name
 
 from .archs import ARCHS, Built
 from .bugs import BUGS
-from .cases import LEVELS, SIXTEEN_BIT, Case
+from .cases import COMPILED, LEVELS, ONNX_PORTS, SIXTEEN_BIT, Case
 
 def _build(case: Case, planted: bool) -> Built:
     built = ARCHS[case.arch](case.seed)
@@ -92,11 +92,14 @@ def _torch_port(case: Case, ref_bundle: Any, cand: Built, out: Path) -> Any:
     if case.port in SIXTEEN_BIT:
         dtype = torch.float16 if case.port == "fp16" else torch.bfloat16
         model, inputs = model.to(dtype), cast_floats(inputs, dtype)
-    if case.port == "aot_eager":
-        options.update(compile=True, backend="aot_eager")
+    if case.port in COMPILED:
+        options.update(compile=True, backend=case.port)
+    if case.port == "inductor" and _has_draws(ref_bundle):
+        # Inductor draws with its own generator unless told to draw eager's: what a user does to compare them
+        options.update(inductor_config={"fallback_random": True})
     # a compiled graph draws from torch's generator as eager does: the same seed gives the same draws, and a
     # capture with compile=True takes no replay
-    replay = ref_bundle if _has_draws(ref_bundle) and case.port != "aot_eager" else None
+    replay = ref_bundle if _has_draws(ref_bundle) and case.port not in COMPILED else None
     torch.manual_seed(0)
     cand_bundle = tp.capture(model, *inputs, level=level, keep=keep, out=out / "cand", replay_rng=replay, **options)
     return tp.diff(ref_bundle, cand_bundle)
@@ -115,6 +118,8 @@ def _onnx_port(case: Case, ref: Built, cand: Built, out: Path) -> Any:
     path = export_onnx(cand.model, cand.inputs, out / "cand.onnx", exporter=exporter)
     if case.port == "onnx-int8":        # ONNX Runtime's own dynamic quantization of that export (int8 weights)
         path = _int8(path, out / "cand.int8.onnx")
+    if case.port == "onnx-qdq":         # its static QDQ quantization (int8 weights and activations), calibrated
+        path = _qdq(path, out / "cand.qdq.onnx", cand.inputs)
     if any("Noise" in type(m).__name__ for m in ref.model.modules()):
         torch.manual_seed(0)
         return compare(ref.model, ref.inputs, "onnxruntime", artifact=path, out=out / "cmp", replay_rng=True).diff
@@ -134,6 +139,45 @@ def _int8(path: Path, to: Path) -> Path:
     logging.getLogger().setLevel(logging.ERROR)      # "consider pre-processing": advice, not a result
     quantize_dynamic(str(path), str(to), weight_type=QuantType.QInt8)
     return to
+
+
+def _qdq(path: Path, to: Path, inputs: tuple) -> Path:
+    """`quantize_static` in QDQ format, per-channel int8 weights and uint8 activations, calibrated on the case's
+    input and a few noisy copies of it (what a user calibrates on: a handful of inputs like the real ones)."""
+    import logging
+
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    names = [i.name for i in ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()]
+    gen = torch.Generator().manual_seed(0)
+    feeds = [[t + 0.05 * t.std() * torch.randn(t.shape, generator=gen) if k and t.is_floating_point() else t
+              for t in inputs] for k in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter([{n: t.numpy() for n, t in zip(names, feed)} for feed in feeds])
+
+        def get_next(self) -> dict | None:
+            return next(self.left, None)
+
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(str(path), str(to), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return to
+
+
+def _executorch_port(case: Case, ref: Built, cand: Built, out: Path) -> Any:
+    """The candidate lowered to ExecuTorch (its portable kernels: the XNNPACK delegate refuses some tapped graphs,
+    `ConvertToLinearPass`) and run in its runtime with ETDump debug outputs; the reference captured at the case's
+    level."""
+    from tensorprobe.runtimes import get_runtime
+
+    level, keep = LEVELS[case.level]
+    torch.manual_seed(0)
+    ref_bundle = tp.capture(ref.model, *ref.inputs, level=level, keep=keep, out=out / "ref")
+    cand_bundle = get_runtime("executorch").capture(cand.model, cand.inputs, out / "cand", keep=keep)
+    return tp.diff(ref_bundle, cand_bundle)
 
 
 def _module(record: str) -> str:
@@ -163,7 +207,7 @@ def judge(case: Case, report: Any) -> dict[str, Any]:
         # an int8 port is lossy by design: diverging by int8's error alone (its outputs miss the criterion of a
         # quantized port: a flow's log-determinant, a sum near zero, magnifies it) says so, and blames no bug;
         # so is a 16-bit port whose model output misses the output criterion by rounding its ops amplify
-        by_int8 = case.port == "onnx-int8" and cause in INT8_CAUSES
+        by_int8 = case.port in ("onnx-int8", "onnx-qdq") and cause in INT8_CAUSES
         by_rounding = case.port in SIXTEEN_BIT and cause == "amplified" and pair is not None and \
             pair.kind == KIND_MODEL_OUTPUT
         out["false_alarm"] = verdict == "diverged" and not (by_int8 or by_rounding)
@@ -211,8 +255,10 @@ def _port_and_judge(case: Case, workdir: str | Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=workdir, prefix="tp-acc-") as tmp:
         out = Path(tmp)
         ref, cand = _build(case, planted=False), _build(case, planted=True)
-        if case.port in ("onnx", "onnx-legacy", "onnx-int8"):
+        if case.port in ONNX_PORTS:
             report = _onnx_port(case, ref, cand, out)
+        elif case.port == "executorch":
+            report = _executorch_port(case, ref, cand, out)
         else:
             level, keep = LEVELS[case.level]
             torch.manual_seed(0)
@@ -235,8 +281,8 @@ def _init_worker() -> None:
 
 
 def case_from_id(case_id: str) -> Any:
-    """A diff case (`cases.Case`), a nan case (`nan.NanCase`, ids `nan/...`) or an isolate case
-    (`isolate.IsolateCase`, ids `isolate/...`) from its id."""
+    """A diff case (`cases.Case`), a nan case (`nan.NanCase`, ids `nan/...`), an isolate case
+    (`isolate.IsolateCase`, ids `isolate/...`) or a sweep case (`sweep.SweepCase`, ids `sweep/...`) from its id."""
     if case_id.startswith("nan/"):
         from .nan import NanCase
 
@@ -245,6 +291,10 @@ def case_from_id(case_id: str) -> Any:
         from .isolate import IsolateCase
 
         return IsolateCase.from_id(case_id)
+    if case_id.startswith("sweep/"):
+        from .sweep import SweepCase
+
+        return SweepCase.from_id(case_id)
     return Case.from_id(case_id)
 
 
@@ -258,6 +308,10 @@ def _run(case_id: str) -> dict:
         from .isolate import judge_isolate
 
         return outcome_of(case, lambda: judge_isolate(case))
+    if case_id.startswith("sweep/"):
+        from .sweep import judge_sweep
+
+        return outcome_of(case, lambda: judge_sweep(case))
     return run_case(case)
 
 

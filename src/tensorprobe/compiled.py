@@ -55,6 +55,7 @@ OP_LEVEL_BACKENDS = ("aot_eager", "inductor")
 # that needs the values, keep="full").
 TAG_COMPILED = "compiled"
 _STATS_FIELDS = 7   # Σx, Σx², min, max over finite elements; NaN, +Inf, -Inf counts
+_EAGER_KERNELS = ("aot_eager", "eager")   # backends that run eager's own kernels (the same arithmetic)
 
 
 def graph_row_stats(x: torch.Tensor) -> torch.Tensor:
@@ -886,8 +887,14 @@ def _capture_class(Capture: type) -> type:
             self.compile_info: dict[str, Any] = {}
 
         def _install(self) -> None:
-            self._writer.set_header(environment=__import__("tensorprobe.environment", fromlist=["collect"]).collect(
-                [*self.model.parameters(), *self.model.buffers()]))
+            from .environment import collect
+
+            # a backend that generates its own kernels (Inductor's fused C++/Triton) rounds otherwise than eager:
+            # its runs are not the same arithmetic; aot_eager and eager run eager's kernels
+            runtime = None if self.backend in _EAGER_KERNELS else {
+                "name": f"torch.compile ({self.backend})", "version": torch.__version__}
+            self._writer.set_header(environment=collect([*self.model.parameters(), *self.model.buffers()],
+                                                        runtime=runtime))
             if self.record_weights:
                 self._record_weights()
             self._mode = None

@@ -282,10 +282,14 @@ def _match_readers(refs: list[Record], cands: list[Record], everything: list[Rec
     _match_recurrent(refs, free, everything, matched, used)
     read_in: dict[str, set[str]] = {}
     read_as_b: set[str] = set()
+    # a QDQ file's kernel reads the DequantizeLinear of its weight (scoped to no module), not the weight
+    dequantized = {rec.name: rec.inputs[0] for rec in everything if rec.kind not in WEIGHT_KINDS and rec.inputs
+                   and _op_of(rec) == "DequantizeLinear" and rec.inputs[0] in free}
     for rec in everything:
-        if rec.kind in WEIGHT_KINDS:
+        if rec.kind in WEIGHT_KINDS or rec.name in dequantized:
             continue
         for i, name in enumerate(rec.inputs or ()):
+            name = dequantized.get(name, name)
             if name in free:
                 read_in.setdefault(name, set()).add(rec.module or "")
                 if i == 1 and canonical_op(rec.op) == "matmul":

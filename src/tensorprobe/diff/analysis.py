@@ -35,7 +35,7 @@ from .fusion import folded_note, folded_predecessors, judge_weight_readers, miss
 from .fusion import weights_behind_unpaired
 from .port_ops import changed_by_port_ops
 from ..stats.sketch import ESTIMATE_MARGIN
-from .quantization import FAR as QUANT_FAR, integer_domain_note, judged as judged_quantized, quantized_inputs
+from .quantization import FAR as QUANT_FAR, QuantizedInput, integer_domain_note, judged as judged_quantized, quantized_inputs
 from .quantization import scaled_weights
 from .summary import summarize
 from .conditioning import measured_norm_causes
@@ -242,6 +242,8 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
     for p in results:
         e = error_of(p)
         known = sources.errors(p, rel, carrier, prev) if p.kind not in (KIND_RNG, KIND_MODEL_INPUT) else []
+        if e is not None and len(known) > 1:
+            known = sources.shown(p, known, e, weights)
         passed_on = rel.get(p.name)
         if passed_on is not None:
             prev = p.name
@@ -282,6 +284,12 @@ class _InputSources:
         # (the root's own F.linear on a classifier's weights), so their weights are read by the module around them
         paired = {p.module for p in results if p.op.startswith("module:")}
         self.unpaired = {r.module for r in ref_records if r.op.startswith("module:")} - paired
+        # ...unless a compared record reads its value: then its weights' error shows there (a conv an exporter
+        # folded with the BatchNorm after it: the norm's record carries both, and the folded weights differ
+        # by design)
+        compared = {p.name for p in results}
+        outputs_of = {r.name: r.module for r in ref_records if r.op.startswith("module:") and r.module in self.unpaired}
+        self.unpaired -= {outputs_of[i] for r in ref_records if r.name in compared for i in r.inputs if i in outputs_of}
         # a module-level record whose input a parent's own code made (`self.post(self.conv(x) * self.scale)`)
         # reads that parent's weights through it: a changed buffer of the parent is named as its cause
         self.made_in = {r.name: m for r in ref_records if (m := made_in(r.tags, r.module)) is not None}
@@ -310,6 +318,18 @@ class _InputSources:
             src = carrier or prev
             known = [(rel[src], src)]
         return known
+
+    def shown(self, p: PairResult, known: list[tuple[float, str]], e: float,
+              weights: Sequence[PairResult]) -> list[tuple[float, str]]:
+        """`known` without the weights `p` reads only through a record the port has no value of, when its data
+        inputs explain its error (within OWN_MARGIN): the port folded that record and its weights (a conv with the
+        BatchNorm after it), whose difference then shows in no value. A weight whose difference shows stays."""
+        weight_names = {w.name for w in weights}
+        direct = set(self.graph.get(p.name, ()))
+        data = [err for err, n in known if n not in weight_names]
+        if p.op.startswith("module:") or not data or e > OWN_MARGIN * max(data):   # (a module reads its own)
+            return known
+        return [(err, n) for err, n in known if n not in weight_names or n in direct]
 
     def _compared_ancestors(self, name: str, rel: dict[str, float], limit: int = 10_000) -> list[str]:
         """`name`'s graph inputs, each one the candidate has no record of replaced by what it was computed
@@ -385,7 +405,7 @@ def _module_weights(weights: Sequence[PairResult], ref_records: Sequence[Record]
 
 
 def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: dict[str, Record],
-             noise_rule: bool = True, quantized: dict[str, str] | None = None, *,
+             noise_rule: bool = True, quantized: dict[str, QuantizedInput] | None = None, *,
              noise: Mapping[str, Noise] | None = None, reduced: str | None = None,
              draws: "UnpairedDraws | None" = None, unread: frozenset[str] = frozenset(),
              swapped: DrawFindings | None = None) -> list[PairResult]:
@@ -410,7 +430,9 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
             p = _decomposed_upstream(p, done, by_name)
         if noise_rule and not p.failed and q_input is None and TAG_QUANTIZED not in p.tags:
             p = _own_within_floor(p, done, by_name)
-        p = _classified(p, done, by_name, q_input)
+        p = _classified(p, done, by_name, q_input.source if q_input else None)
+        if q_input is not None and q_input.chain and p.failed and p.cause == CAUSE_OWN:
+            p = _quantized_on_the_way(p, done, by_name, q_input)
         if draws is not None and p.failed and p.cause in (CAUSE_OWN, CAUSE_AMPLIFIED) and p.kind != KIND_MODEL_INPUT:
             p = draws.blame(p)
         if swapped is not None and p.failed:
@@ -420,6 +442,61 @@ def classify(results: list[PairResult], weights: Sequence[PairResult], by_name: 
         done[p.name] = p
         out.append(p)
     return _promote_amplifiers(out, by_name)
+
+
+def _quantized_on_the_way(p: PairResult, done: dict[str, PairResult], by_name: dict[str, Record],
+                          q: QuantizedInput) -> PairResult:
+    """A record called its own while the port quantizes values on its way from its compared input, in code no
+    compared record shows (a static int8 file puts a QDQ pair after every op of a front end: |X| = sqrt(re² + im²)
+    of quantized squares loses the quiet bins): when that code may amplify those roundings without bound (a sqrt,
+    log or division the reference ran unpaired), or the error is within FAR x what they and its input bring, int8
+    is the cause, unproven, and an op-level capture shows where."""
+    src = done.get(p.input_name or "")
+    e = error_of(p)
+    if src is None or not src.failed or e is None or TAG_QUANTIZED in p.tags:
+        return p
+    origin, steps = src, 0
+    while origin.cause == CAUSE_INHERITED and origin.input_name in done and steps < 10_000:
+        origin, steps = done[origin.input_name], steps + 1
+    if origin.cause != CAUSE_QUANTIZED:
+        return p
+    conditioned = _unpaired_conditioned(p.name, done, by_name)
+    if conditioned is None and e > QUANT_FAR * math.hypot(q.chain, p.input_rel_err or 0.0):
+        return p
+    where = f"a {conditioned} the reference computes there turns small rounding near zero into large error" \
+        if conditioned else "which that code may amplify"
+    return replace(p, cause=CAUSE_QUANTIZED, origin=q.source, explanation=(
+        f"the candidate computes {p.cand_name} from {q.source}, made from {src.name} through code no compared record "
+        f"shows, in which the port quantizes {q.copies} value{'s' if q.copies > 1 else ''} (int8 rounding of about "
+        f"{q.chain:.2g} there; {where}): its error is int8's as far as this capture tells; "
+        "capture at --level op to see where it grows" if p.op.startswith("module:") else
+        f"the candidate computes {p.cand_name} from {q.source}, made from {src.name} through values no record pairs, "
+        f"{q.copies} of them quantized (int8 rounding of about {q.chain:.2g} there; {where}): its error is int8's "
+        "as far as these records tell"))
+
+
+_NEAR_ZERO_UNBOUNDED = frozenset({"sqrt", "Sqrt"})
+
+
+def _unpaired_conditioned(name: str, done: dict[str, PairResult], by_name: dict[str, Record],
+                          limit: int = 64) -> str | None:
+    """The op of the first reference record between `name` and its compared inputs (records the port has no
+    counterpart of) whose conditioning near zero is unbounded: sqrt, log, a division; None when there is none."""
+    rec = by_name.get(name)
+    todo, seen = list(rec.inputs if rec is not None else ()), set()
+    while todo and len(seen) < limit:
+        i = todo.pop()
+        if i in seen or i in done:
+            continue
+        seen.add(i)
+        r = by_name.get(i)
+        if r is None or r.kind in WEIGHT_KINDS:
+            continue
+        op = canonical_op(r.op)
+        if op in _NEAR_ZERO_UNBOUNDED or family(r.op) in ("log", "div", "pow"):
+            return op
+        todo.extend(r.inputs)
+    return None
 
 
 def unread_indices(ref_records: Sequence[Record]) -> frozenset[str]:

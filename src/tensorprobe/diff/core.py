@@ -170,8 +170,13 @@ def compare_pair(ref_b: Bundle, cand_b: Bundle, pair: Pair, criteria: Criteria, 
                                    layout=lambda a: np.ascontiguousarray(a.T))
         return _compare_stats(pair, criteria, base, floor, fingerprint=False)
     if pair.method == MATCH_VIEW and r.has_tensor and c.has_tensor and r.stats.numel == c.stats.numel:
+        # a view in another shape; or the same dimensions reordered (a transpose the reference took as a view,
+        # which its op records do not show): then the transpose that fits best
+        moved = closest_transpose(ref_b.numpy(r.name), cand_b.numpy(c.name)) \
+            if sorted(r.shape) == sorted(c.shape) else None
         return _compare_values(ref_b, cand_b, pair, criteria, angle, db_scale, base, floor, output_rule,
-                               layout=lambda a: a.reshape(tuple(r.shape)))
+                               layout=(lambda a: in_reference_layout(a, tuple(r.shape), moved)) if moved is not None
+                               else (lambda a: a.reshape(tuple(r.shape))))
     if not same_shape(r.shape, c.shape):
         shapes = f"shape {_shape(r.shape)} vs {_shape(c.shape)}"
         layout = find_layout(ref_b.numpy(r.name), cand_b.numpy(c.name), _layout_limit(criteria, floor)) \

@@ -203,6 +203,9 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
     # InstanceNormalization's scale of ones and bias of zeros)
     held = {math.prod(c.shape) for c in cand_records if c.kind in WEIGHT_KINDS and c.name not in paired
             and not (c.stats is not None and c.stats.min == c.stats.max)}
+    # a module whose weight the port folded (a conv with the norm after it) has its bias folded along, into a
+    # value that pairs with nothing (a static int8 file quantizes that bias to int32 under the new scale)
+    folded = {w.module for w in weights if TAG_FOLDED in w.tags}
     out = []
     for p in forward:
         if _jumps_unexplained(p) and p.name in ref:
@@ -211,7 +214,8 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
             # one, not without its weight matrix, which the port may hold transposed or quantized under another
             # name; and no unpaired weight of its size) explains the jump
             missing = [n for n in direct_inputs(ref[p.name], own_weights) if n in ref and ref[n].kind in WEIGHT_KINDS
-                       and len(ref[n].shape) == 1 and n not in paired_ref and math.prod(ref[n].shape) not in held]
+                       and len(ref[n].shape) == 1 and n not in paired_ref and math.prod(ref[n].shape) not in held
+                       and ref[n].module not in folded]
             others: list[str] = []
         elif _own_unexplained(p):
             missing, others = _unpaired_inputs(p, ref, cand_kinds)

@@ -20,7 +20,7 @@ outliers: its rms is a few steps) keeps cause `quantized`, with the fix (per-cha
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ..record import KIND_OUTPUT, TAG_INTEGER_DOMAIN, TAG_QSTEP, TAG_QUANT, TAG_QUANTIZED, TAG_RESCALED, Record
@@ -219,7 +219,17 @@ def _fix_coarse(q: QuantNoise, op: str | None) -> str:
             "outlier channels down before it" + (f"; a {op} is better left in float" if op in _RECURRENT else ""))
 
 
-def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[str, str]:
+@dataclass(frozen=True)
+class QuantizedInput:
+    """The quantized value nearest a record's candidate (`source`), and the int8 rounding of every quantized copy
+    on its way back to the compared records (`chain`: their `QuantNoise.expected` added in quadrature; 0 when
+    none is a QDQ copy whose scale is known): what code no record shows may amplify, in a static int8 port."""
+    source: str
+    chain: float = 0.0
+    copies: int = 0
+
+
+def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[str, QuantizedInput]:
     """Reference name -> the nearest candidate record tagged quantized that its candidate record was computed from
     through records with no reference counterpart: QDQ's quantized copy of a model input, the in-projection inside a
     fused attention op the reference computes in one (`_native_multi_head_attention`)."""
@@ -235,9 +245,12 @@ def quantized_inputs(cand_bundle: Any, results: Sequence[PairResult]) -> dict[st
     return out
 
 
-def _quantized_source(bundle: Any, start: Sequence[str], paired: set[str], limit: int = 10_000) -> str | None:
-    """Breadth first through unpaired records: the first tagged quantized (a float one before integer units)."""
+def _quantized_source(bundle: Any, start: Sequence[str], paired: set[str], limit: int = 10_000) -> QuantizedInput | None:
+    """Breadth first through unpaired records: the first tagged quantized (a float one before integer units),
+    with the rounding of every QDQ copy met on the way back to paired records."""
     todo, seen = list(start), set(start)
+    source: str | None = None
+    rounding: list[float] = []
     while todo and len(seen) < limit:
         level, todo = todo, []
         hits = []
@@ -247,12 +260,25 @@ def _quantized_source(bundle: Any, start: Sequence[str], paired: set[str], limit
                 continue
             if TAG_QUANTIZED in rec.tags:
                 hits.append(rec)
-                continue
+                if (q := _copy_rounding(rec, bundle)) is not None:
+                    rounding.append(q)
             todo += [i for i in rec.inputs if i not in seen]
             seen.update(rec.inputs)
-        if hits:
-            return min(hits, key=lambda r: TAG_INTEGER_DOMAIN in r.tags).name
-    return None
+        if hits and source is None:
+            source = min(hits, key=lambda r: TAG_INTEGER_DOMAIN in r.tags).name
+    if source is None:
+        return None
+    return QuantizedInput(source, math.sqrt(sum(q * q for q in rounding)), len(rounding))
+
+
+def _copy_rounding(rec: Record, bundle: Any) -> float | None:
+    """A QDQ copy's relative rounding (step / sqrt(12) / rms of what it quantizes), None for anything else."""
+    fields = quant_fields(rec.tags)
+    if not fields or "zp" not in fields:
+        return None
+    act, step = bundle.get(fields.get("act", "")), _number(fields.get("scale"), bundle)
+    x_rms = rms(act.stats) if act is not None and act.stats.kind == "float" else None
+    return step / math.sqrt(12) / x_rms if step and x_rms else None
 
 
 def integer_domain_note(cand_only: Sequence[str], cand_bundle: Any) -> str | None:
