@@ -27,10 +27,10 @@ from .report import failed_targets, markdown, misses, score
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = {"count": 200, "seed": 0, "ports": ("torch", "fp16", "bf16", "onnx-legacy", "aot_eager"), "nan": 120,
-         "isolate": 60, "sweep": 0}
+         "isolate": 60, "sweep": 7, "sweep_ports": ("torch",)}
 FULL = {"count": 3500, "seed": 1, "ports": ("torch", "fp16", "bf16", "onnx", "onnx-legacy", "onnx-int8", "onnx-qdq",
                                             "aot_eager", "inductor", "executorch"), "nan": 400, "isolate": 400,
-        "sweep": 120}
+        "sweep": 120, "sweep_ports": ("torch", "fp16")}
 
 
 def _machine() -> dict:
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.seed is not None:
         plan["seed"] = args.seed
     cases = generate(plan["count"], plan["seed"], ports=plan["ports"]) + generate_nan(plan["nan"], plan["seed"]) + \
-        generate_isolate(plan["isolate"], plan["seed"]) + generate_sweep(plan["sweep"], plan["seed"])
+        generate_isolate(plan["isolate"], plan["seed"]) + \
+        generate_sweep(plan["sweep"], plan["seed"], plan["sweep_ports"])
     started = time.perf_counter()
     outcomes = run_population(cases, args.jobs)
     seconds = time.perf_counter() - started

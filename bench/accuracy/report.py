@@ -153,10 +153,15 @@ def markdown(doc: dict[str, Any]) -> str:
         "generator with weight norm, transposed convolutions and Snake or LeakyReLU, a conv front end that transposes",
         "into a batch-first LSTM or GRU, masked attention, a log-mel front end in dB, a flow with exp, noise from",
         "randn_like, a model that takes and returns dicts), with seeded weights and inputs, and a port made by the",
-        "usual tool: the model run in PyTorch as is (`torch`), cast to float16 or bfloat16, compiled by aot_eager, or",
+        "usual tool: the model run in PyTorch as is (`torch`), cast to float16 or bfloat16, compiled by `torch.compile`",
+        "(`aot_eager`; `inductor`, drawing eager's random numbers with `fallback_random` where the model draws), lowered to",
+        "ExecuTorch (`executorch`: its portable kernels, run with ETDump debug outputs; no model that draws noise, which",
+        "ExecuTorch has no kernels for), or",
         "exported by torch.onnx's dynamo or legacy exporter through `tensorprobe.runtimes.onnxruntime.export_onnx`",
         "(which writes each node's module into the file's metadata) and run in ONNX Runtime (`onnx-int8`: the dynamo export",
-        "quantized by ONNX Runtime's `quantize_dynamic`, int8 weights, a bug planted before the export; a faithful",
+        "quantized by ONNX Runtime's `quantize_dynamic`, int8 weights; `onnx-qdq`: by its `quantize_static` in QDQ format,",
+        "per-channel int8 weights and uint8 activations calibrated on the case's input and three noisy copies of it;",
+        "a bug planted before the export; a faithful",
         "int8 port is right when it matches as a quantized port, judged by its outputs, or diverges with int8's",
         "error as the first divergence's cause, its outputs below the criterion: lossy, and no bug blamed; so is a",
         "float16 or bfloat16 port whose model output misses the output criterion by rounding its ops amplify); both",
@@ -177,7 +182,9 @@ def markdown(doc: dict[str, Any]) -> str:
         "the port has, that op's module, which the verdict's first sentence names), and its *cause* is right when",
         "that pair's cause is one the bug allows (a weight bug: `weights`; a changed computation: `own`). A bug",
         "that moves its own module's output by less than 1e-4 (float32 ports), 3e-2 (float16), 5e-2 (int8) or 0.15 (bfloat16)",
-        "is *void*: it has no truth to find on that port, and is not scored.",
+        "is *void*: it has no truth to find on that port, and is not scored. ExecuTorch and Inductor cases cost far more",
+        "to make (a lowering, a C++ compile), so their cells hold 15% and 40% as many cases as the others",
+        "(`cases.PORT_SHARE`).",
         "",
         "Statistics captures carry a sketch of every value they do not keep (8 signed sums of its hashed elements,",
         "`src/tensorprobe/stats/sketch.py`): it sees a permutation or a kernel reversed in time, which full-tensor",
@@ -206,7 +213,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for cell, s in by_cell(outcomes).items():
         lines.append(f"| {' | '.join(cell)} | {s['faithful']} | {s['false_alarms']} | {s['planted']} | "
                      f"{_pct(s['localized'])} | {_pct(s['cause_right'])} | {s['errors']} |")
-    lines += _nan_section(nans) + _isolate_section(tools["isolate"]) + _sweep_section(tools["sweep"])
+    lines += [line for tool in ("nan", "isolate", "sweep") for line in _tool_section(tool, tools[tool])]
     wrong = misses(everything)
     lines += ["", "## Wrong verdicts by port and kind", "",
               "| port | what was wrong | bugs | cases |", "|---|---|---|---|"]
@@ -218,12 +225,9 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _nan_section(nans: list[dict[str, Any]]) -> list[str]:
-    """The `nan` cases: how they are made and scored, overall and per cell."""
-    if not nans:
-        return []
-    lines = [
-        "", "## `nan`: where NaN or Inf is born", "",
+# each tool's section: its title, how its cases are made and scored, and its tables' column words
+_SECTIONS = {
+    "nan": ("`nan`: where NaN or Inf is born", (
         "Each case is an architecture above run in float32 or float16 (`model.half()`) with one planted source of",
         "NaN/Inf in one module (its output through `log` or `sqrt` of negative values, a division by zero, `exp` of",
         "200x it, a gain of 7e4 that float16 cannot hold: `bench/accuracy/nan.py`), a deliberate infinity the model",
@@ -231,45 +235,33 @@ def _nan_section(nans: list[dict[str, Any]]) -> list[str]:
         "(`find_first_nonfinite`). A planted case is *localized* when the op it names is in the planted module, and its",
         "*cause* is right when its diagnosis names the mechanism (log, sqrt, division by zero, overflow); any finding",
         "on a handled or faithful model is a false alarm. A source that makes no NaN/Inf on the inputs (a small exp,",
-        "the gain in float32) is void.",
-        "",
-    ]
-    return lines + _tool_tables(nans, "faithful or handled", "dtype", "op right")
-
-
-def _isolate_section(outcomes: list[dict[str, Any]]) -> list[str]:
-    """The `isolate` cases: how they are made and scored, overall and per cell."""
-    if not outcomes:
-        return []
-    lines = [
-        "", "## `isolate`: is a layer wrong, or inheriting error?", "",
+        "the gain in float32) is void."), ("faithful or handled", "dtype", "op right")),
+    "isolate": ("`isolate`: is a layer wrong, or inheriting error?", (
         "Each case is an architecture and a bug of the `diff` cases (or none), the candidate run in PyTorch as is, in",
         "float16 or in bfloat16, and `tensorprobe isolate` run on the reference and the candidate as a user runs it",
         "(`bench/accuracy/isolate.py`). A planted case is *localized* when the layer whose local error first fails",
         "(or, where none does alone, the smallest module call that fails alone) is the planted module or inside",
-        "it; isolate names a place, not a cause. Any layer failing alone on a faithful candidate is a false alarm.",
-        "",
-    ]
-    return lines + _tool_tables(outcomes, "faithful", "port", "layer right")
-
-
-def _sweep_section(outcomes: list[dict[str, Any]]) -> list[str]:
-    """The `sweep` cases: how they are made and scored, overall and per cell."""
-    if not outcomes:
-        return []
-    lines = [
-        "", "## `sweep`: which items of a corpus does a port get wrong, and where?", "",
+        "it; isolate names a place, not a cause. Any layer failing alone on a faithful candidate is a false alarm."),
+        ("faithful", "port", "layer right")),
+    "sweep": ("`sweep`: which items of a corpus does a port get wrong, and where?", (
         "Each case is an architecture above, a corpus of six items (its input cut to 1/4 ... all of its length) and a",
         "PyTorch candidate run as is or in float16 (a wrapper around `model.half()`): the same model, or one whose",
         "module M scales its output past the frame where the middle item ends at M, so the bug bites only the",
         "longer items (`bench/accuracy/sweep.py`). `tensorprobe.sweep` runs the corpus as a user runs it (a sweep",
-        "file, tier 1 first). An item is planted when the bug moves M's own output on it, clean when it does not",
-        "move it at all. A case is *localized* when the items with a finding are exactly the planted ones and each",
-        "names M (or a record inside it) as its first divergence; its cause is right when each says `own`. A finding",
-        "on a clean item is a false alarm.",
-        "",
-    ]
-    return lines + _tool_tables(outcomes, "faithful", "port", "exact items, layer right")
+        "file, tier 1 first). An item is planted when the bug moves M's own output and the model's output on it",
+        "beyond the port's rounding, clean when it moves neither. A case is *localized* when the items with a finding",
+        "are exactly the planted ones and each names M (or a record inside it) as its first divergence; its cause is",
+        "right when each says `own`. A finding on a clean item is a false alarm."),
+        ("faithful", "port", "exact items, layer right")),
+}
+
+
+def _tool_section(tool: str, outcomes: list[dict[str, Any]]) -> list[str]:
+    """A tool's cases other than `diff`'s: how they are made and scored, overall and per cell."""
+    if not outcomes:
+        return []
+    title, how, words = _SECTIONS[tool]
+    return ["", f"## {title}", "", *how, ""] + _tool_tables(outcomes, *words)
 
 
 def _tool_tables(outcomes: list[dict[str, Any]], faithful: str, port: str, right: str) -> list[str]:

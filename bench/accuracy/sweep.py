@@ -7,8 +7,8 @@ buffer's length, a cache past its size), as `late_frames` does at frame 20 for `
 or in float16 (a wrapper that casts the inputs, as users write one). `tensorprobe.sweep` runs the corpus as a
 user runs it (a sweep file with a factory per side, tier 1 first), and the case is scored on its items:
 
-- an item is *planted* when the bug moves M's own output on it by more than the port's rounding, *clean* when
-  it does not move it at all (items in between are void and not scored);
+- an item is *planted* when the bug moves M's own output and the model's output on it by more than the port's
+  rounding, *clean* when it moves neither at all (items in between are void and not scored);
 - the case is a false alarm when any clean item is a finding; it is *detected* when every planted item is one,
   and *localized* when the findings are exactly the planted items and each one's first divergence is M or
   inside it; its cause is right when each of them says `own`.
@@ -134,17 +134,32 @@ def _site_frames(model: nn.Module, site: str, inputs: tuple) -> int:
 
 
 def item_effects(case: SweepCase) -> dict[str, float]:
-    """How far the bug moves M's own output on each item (relative L2, float32)."""
+    """How far the bug moves each item (relative L2, float32): M's own output, or the model's output when that
+    moves less (a LayerNorm after M removes a gain on some frames: the item's output is then right)."""
     ref = case.reference()
     bad = ARCHS[case.arch](case.seed).model
     _bite_late(bad, case.site, STRENGTH[case.port], case.bite_frame())
     out = {}
     for name, inputs in case.items().items():
-        a, b = _site_outputs(ref, case.site, inputs), _site_outputs(bad, case.site, inputs)
-        num = sum(float((y - x).double().pow(2).sum()) for x, y in zip(a, b))
-        den = sum(float(x.double().pow(2).sum()) for x in a)
-        out[name] = (num / den) ** 0.5 if den > 0 else (float("inf") if num > 0 else 0.0)
+        at_site = _moved(_site_outputs(ref, case.site, inputs), _site_outputs(bad, case.site, inputs))
+        with torch.no_grad():
+            at_output = _moved(_floats(ref(*inputs)), _floats(bad(*inputs)))
+        out[name] = min(at_site, at_output)
     return out
+
+
+def _moved(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    num = sum(float((y - x).double().pow(2).sum()) for x, y in zip(a, b))
+    den = sum(float(x.double().pow(2).sum()) for x in a)
+    return (num / den) ** 0.5 if den > 0 else (float("inf") if num > 0 else 0.0)
+
+
+def _floats(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value.detach().float()] if value.is_floating_point() else []
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _floats(v)]
+    return []
 
 
 _SWEEP_FILE = '''"""A sweep file written by bench/accuracy/sweep.py for one case."""
@@ -221,8 +236,9 @@ def generate_sweep(count: int, seed: int = 0, ports: tuple[str, ...] = SWEEP_POR
     cells = [(f, p) for f in by_family for p in ports]
     per_cell = -(-count // len(cells))
     cases: dict[str, SweepCase] = {}
-    for fam, port in cells:
-        n_faithful = max(1 if per_cell >= 2 else 0, round(per_cell * faithful_share))
+    for index, (fam, port) in enumerate(cells):
+        # (one case per cell: every third cell's is a faithful twin)
+        n_faithful = max(1 if per_cell >= 2 or index % 3 == 0 else 0, round(per_cell * faithful_share))
         for k in range(per_cell):
             arch = rng.choice(by_family[fam])
             sites = sorted(s for s, bugs in ARCHS[arch](0).sites.items() if "late_frames" in bugs)

@@ -30,7 +30,7 @@ from .evidence import made_in, with_uncompared_inputs
 from .renames import suggest as suggest_renames
 from .draws import DrawFindings, is_draw_finding
 from .compat import rms
-from .explain import HUGE_GAIN, explain, family, is_recurrent, predicted_gain
+from .explain import HUGE_GAIN, explain, family, gain_inputs, is_recurrent, predicted_gain
 from .fusion import folded_note, folded_predecessors, judge_weight_readers, missing_weights, readers_of
 from .fusion import weights_behind_unpaired
 from .port_ops import changed_by_port_ops
@@ -76,10 +76,11 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     by_name = {r.name: r for r in ref_records}
     findings = DrawFindings(ref_bundle, cand_bundle)     # draws of another kind, or consumed in another order
     forward = findings.judge(forward)
-    forward, graph_note = with_gains(forward, weights, ref_records)
+    quantized = quantized_inputs(cand_bundle, results)
+    forward, graph_note = with_gains(forward, weights, ref_records, quantized)
     draws = UnpairedDraws(ref_bundle, cand_bundle, results)
     unread = unread_indices(ref_records)
-    forward = classify(forward, weights, by_name, criteria.noise, quantized_inputs(cand_bundle, results),
+    forward = classify(forward, weights, by_name, criteria.noise, quantized,
                        noise=noise, reduced=reduced, draws=draws, unread=unread, swapped=findings)
     forward = measured_norm_causes(forward, by_name, ref_bundle, cand_bundle)   # a norm's own, measured on values
     forward = judged_quantized(forward, ref_bundle, cand_bundle)   # beyond what int8 explains, or coarse steps
@@ -231,8 +232,10 @@ def _passed_on_error(p: PairResult) -> float | None:
 
 
 def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
-               ref_records: Sequence[Record] = ()) -> tuple[list[PairResult], str | None]:
-    """Fill `input_rel_err`, `input_name` and `gain` of every pair compared by value."""
+               ref_records: Sequence[Record] = (),
+               quantized: Mapping[str, QuantizedInput] | None = None) -> tuple[list[PairResult], str | None]:
+    """Fill `input_rel_err`, `input_name` and `gain` of every pair compared by value (`quantized`: the int8
+    rounding on the way to each record, `quantization.quantized_inputs`, which its data inputs bring too)."""
     # a value finite on one side only carries unbounded error: its consumers inherit it (NaN spreads)
     rel = {p.name: _passed_on_error(p) for p in list(weights) + list(results) if _passed_on_error(p) is not None}
     sources = _InputSources(results, weights, ref_records)
@@ -243,7 +246,8 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
         e = error_of(p)
         known = sources.errors(p, rel, carrier, prev) if p.kind not in (KIND_RNG, KIND_MODEL_INPUT) else []
         if e is not None and len(known) > 1:
-            known = sources.shown(p, known, e, weights)
+            q = (quantized or {}).get(p.name)
+            known = sources.shown(p, known, e, weights, q.chain if q is not None else 0.0)
         passed_on = rel.get(p.name)
         if passed_on is not None:
             prev = p.name
@@ -320,14 +324,15 @@ class _InputSources:
         return known
 
     def shown(self, p: PairResult, known: list[tuple[float, str]], e: float,
-              weights: Sequence[PairResult]) -> list[tuple[float, str]]:
+              weights: Sequence[PairResult], int8: float = 0.0) -> list[tuple[float, str]]:
         """`known` without the weights `p` reads only through a record the port has no value of, when its data
-        inputs explain its error (within OWN_MARGIN): the port folded that record and its weights (a conv with the
-        BatchNorm after it), whose difference then shows in no value. A weight whose difference shows stays."""
+        inputs (and the int8 rounding on their way, `int8`) explain its error within OWN_MARGIN: the port folded
+        that record and its weights (a conv with the BatchNorm after it), whose difference then shows in no
+        value. A weight whose difference shows stays."""
         weight_names = {w.name for w in weights}
         direct = set(self.graph.get(p.name, ()))
         data = [err for err, n in known if n not in weight_names]
-        if p.op.startswith("module:") or not data or e > OWN_MARGIN * max(data):   # (a module reads its own)
+        if p.op.startswith("module:") or not data or e > OWN_MARGIN * max(*data, int8):   # (a module reads its own)
             return known
         return [(err, n) for err, n in known if n not in weight_names or n in direct]
 
@@ -792,7 +797,7 @@ def _classified(p: PairResult, done: dict[str, PairResult], by_name: dict[str, R
                 + ": its error is quantization error, expected of an int8 port")
     e = error_of(p)
     rec = by_name.get(p.name)
-    ins = [by_name[i] for i in (rec.inputs if rec else ()) if i in by_name]
+    ins = gain_inputs(rec, by_name.get) if rec is not None else []
     gain = predicted_gain(rec, ins, _output_index(p.name)) if rec is not None else 2.0
     e_in = p.input_rel_err or 0.0
     src_rec = by_name.get(p.input_name) if p.input_name else None
@@ -928,7 +933,11 @@ def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult
     # an amplifier that turns rounding into NaN/Inf is where a port breaks; earlier finite amplified rounding
     # is the expected price of a different kernel
     nonfinite = [p for p in amplified if nonfinite_differs(p)]
-    for hits in (bugs, quantized, nonfinite, amplified, [p for p in failing if p.cause == CAUSE_RANDOM]):
+    # an error called its own after int8's entered, not proven beyond it: still what the verdict diverges by,
+    # so the lead names it rather than the first quantized record, whose error is expected
+    # (not a NaN/Inf born after int8's error entered: a quantized divisor rounded to 0 is int8's doing)
+    unproven = [p for p in failing if p.cause == CAUSE_OWN and not nonfinite_differs(p)]
+    for hits in (bugs, unproven, quantized, nonfinite, amplified, [p for p in failing if p.cause == CAUSE_RANDOM]):
         if hits:
             return hits[0]
     return failing[0] if failing else None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..ops import canonical_op
 from ..record import Record
@@ -118,6 +118,32 @@ def norm_gain(x: Any, y: Any, output_index: int = 0) -> float:
     return max(1.0, min(HUGE_GAIN, gain))
 
 
+def gain_inputs(rec: Record, lookup: Callable[[str], Record | None]) -> list[Record]:
+    """The records `predicted_gain` reads for `rec`: its inputs, and for a BatchNorm module (whose record names
+    its data input only) its running variance and weight, which bound its gain (`_frozen_batchnorm_gain`)."""
+    names = list(rec.inputs)
+    if rec.op.startswith("module:BatchNorm"):
+        names += [f"{rec.module}.running_var", f"{rec.module}.weight"]
+    return [r for r in map(lookup, names) if r is not None]
+
+
+def _frozen_batchnorm_gain(rec: Record, inputs: Sequence[Record], rx: float, out: float) -> float | None:
+    """An eval-mode BatchNorm is a fixed affine map per channel, y = γ (x - μ) / sqrt(σ² + eps) + β: it multiplies
+    an error by at most max|γ| / sqrt(min σ² + eps), so its relative error grows at most that times rms(x) / rms(y)
+    (its running variance and weight among `inputs`: an op-level record's own inputs, a module's buffers). None
+    for other norms, or without the running variance."""
+    if "batch_norm" not in rec.op.lower() and "BatchNorm" not in rec.op:
+        return None
+    var = next((i for i in inputs if i.name.endswith("running_var") and i.stats.min is not None), None)
+    if var is None:
+        return None
+    weight = next((i for i in inputs if i.name.endswith(".weight") and i.kind == "param" and i.stats.absmax is not None
+                   and i.module == var.module), None)
+    scale = (float(weight.stats.absmax) if weight is not None else 1.0) / math.sqrt(max(float(var.stats.min), 0.0)
+                                                                                  + NORM_EPS)
+    return max(1.0, min(HUGE_GAIN, scale * rx / max(out, 1e-300)))
+
+
 def predicted_gain(rec: Record, inputs: Sequence[Record], output_index: int = 0) -> float:
     """How much `rec`'s op may legitimately amplify its inputs' relative error, from the statistics of the
     reference record and its input records (>= 1; `HUGE_GAIN` when unbounded)."""
@@ -145,6 +171,9 @@ def predicted_gain(rec: Record, inputs: Sequence[Record], output_index: int = 0)
     if fam == "angle":
         return max(1.0, min(HUGE_GAIN, max(_near_zero_gain(d.stats) for d in data)))
     if fam == "norm":   # per channel, the conditioning can reach max|x|/sqrt(eps): blame nothing below it
+        frozen = _frozen_batchnorm_gain(rec, inputs, rx, out)
+        if frozen is not None and not output_index:
+            return frozen
         return max(norm_gain(x, rec.stats, output_index),
                    min(HUGE_GAIN, float(x.absmax or 0.0) / math.sqrt(NORM_EPS)))
     if fam == "sum":

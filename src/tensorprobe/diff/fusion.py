@@ -198,14 +198,18 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
     paired_ref = {w.name for w in weights}
     own_weights = module_weights(ref_records)
     cand_weights = {c.name for c in cand_records if c.kind in WEIGHT_KINDS}
+    if not cand_weights:
+        # a port that records no weights at all (an ExecuTorch program's constants are not in its ETDump): every
+        # weight is unpaired, which says nothing of one it lacks
+        return forward
     cand_kinds = {c.name: c.kind for c in cand_records}
     # sizes of the weights the port holds unpaired (a bias under another name; not a constant an exporter adds,
     # InstanceNormalization's scale of ones and bias of zeros)
     held = {math.prod(c.shape) for c in cand_records if c.kind in WEIGHT_KINDS and c.name not in paired
             and not (c.stats is not None and c.stats.min == c.stats.max)}
-    # a module whose weight the port folded (a conv with the norm after it) has its bias folded along, into a
-    # value that pairs with nothing (a static int8 file quantizes that bias to int32 under the new scale)
-    folded = {w.module for w in weights if TAG_FOLDED in w.tags}
+    # a norm's weights are folded into the conv before it by exporters (the port has no norm to read them), so
+    # they pair with nothing: that says nothing of a weight the port lacks
+    norms = {r.module for r in ref_records if r.op.startswith("module:") and family(r.op) == "norm"}
     out = []
     for p in forward:
         if _jumps_unexplained(p) and p.name in ref:
@@ -215,10 +219,11 @@ def missing_weights(forward: list[PairResult], weights: Sequence[PairResult], re
             # name; and no unpaired weight of its size) explains the jump
             missing = [n for n in direct_inputs(ref[p.name], own_weights) if n in ref and ref[n].kind in WEIGHT_KINDS
                        and len(ref[n].shape) == 1 and n not in paired_ref and math.prod(ref[n].shape) not in held
-                       and ref[n].module not in folded]
+                       and ref[n].module not in norms]
             others: list[str] = []
         elif _own_unexplained(p):
             missing, others = _unpaired_inputs(p, ref, cand_kinds)
+            missing = [n for n in missing if ref[n].module not in norms]
         else:
             missing, others = [], []
         if missing and not others and not any(_all_zero(ref[n]) for n in missing):
@@ -311,7 +316,8 @@ def folded_predecessors(forward: list[PairResult], ref_records: Sequence[Record]
         prev = rec.name if rec is not None else None
         # a norm after a convolution or a linear: what exporters fold (a renamed block is not folded: `renames`);
         # its error called its own, or the folded weights' of that convolution (they differ by the folding)
-        own = p.cause == CAUSE_OWN and not p.explanation
+        own = p.cause == CAUSE_OWN and (not p.explanation or (
+            p.quantization is not None and p.explanation == p.quantization.finding))   # (beyond int8: still own)
         folded_weight = p.cause == CAUSE_WEIGHTS and rec is not None and p.origin is not None and \
             p.origin.rsplit(".", 1)[0] == rec.module
         if p.failed and (own or folded_weight) and rec is not None and \

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 from ..record import KIND_OUTPUT, TAG_INTEGER_DOMAIN, TAG_QSTEP, TAG_QUANT, TAG_QUANTIZED, TAG_RESCALED, Record
 from .compat import rms
-from .explain import predicted_gain
+from .explain import gain_inputs, predicted_gain
 from .noise import CAUSE_INHERITED, CAUSE_OWN, CAUSE_QUANTIZED
-from .result import PairResult, QuantNoise
+from .result import TAG_READS_QUANTIZED, PairResult, QuantNoise
 from .views import every_record
 
 FAR = 8.0            # a record this many times beyond what int8 and its inputs explain is not quantization noise
@@ -127,13 +127,60 @@ def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list
         if cand is not None and cand.kind == KIND_OUTPUT and "/" not in cand.name and quant_fields(cand.tags) is None:
             # a module's output made after its int8 kernel (a gain, a cat): judged by that kernel's figures
             cand = _after_kernel(cand, inner.get(cand.module), cand_bundle)
+        reader = None
+        if cand is not None and TAG_READS_QUANTIZED in p.tags and cand.op in _LINEAR_KERNELS and \
+                TAG_QUANTIZED not in p.tags and quant_fields(cand.tags) is None:
+            # a float kernel on quantized copies (a QDQ conv the exporter folded a norm into, its output not
+            # re-quantized): judged by the copies it reads
+            reader = cand
+            cand = next((r for r in map(cand_bundle.get, cand.inputs) if r is not None and
+                         "zp" in (quant_fields(r.tags) or {})), None)
         if TAG_QUANTIZED in p.tags or (cand is not None and quant_fields(cand.tags) is not None):
             q = expected_noise(ref, cand, cand_bundle) if ref is not None and cand is not None else None
             if q is not None:
-                ins = [i for i in map(ref_bundle.get, ref.inputs) if i is not None]
-                p = _with_finding(p, q, rescaled_op(cand.tags), predicted_gain(ref, ins), e)
+                ins = gain_inputs(ref, ref_bundle.get)
+                op = rescaled_op(cand.tags)
+                kernel = reader or (_qdq_kernel(cand, cand_bundle) if op is None else None)
+                if kernel is not None:
+                    # a QDQ module's float kernel on quantized copies: its own output's rounding, and that of the
+                    # copies it reads since the compared records, are what int8 adds there
+                    paired = {r.cand_name for r in results}
+                    chain = _quantized_source(cand_bundle, kernel.inputs, paired)
+                    q = replace(q, expected=math.hypot(q.expected, chain.chain if chain is not None else 0.0))
+                    op = kernel.op
+                p = _with_finding(p, q, op, predicted_gain(ref, ins), e)
         out.append(p)
     return out
+
+
+_LINEAR_KERNELS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def _qdq_kernel(cand: Record, cand_bundle: Any) -> Record | None:
+    """The float linear kernel of `cand`'s module that a QDQ copy of the module's output quantizes, reached
+    through ops that only move, select or scale values (a gain past frame N) and the QDQ copies between them;
+    None for a copy of anything else (a norm's output: what its kernel's figures say does not hold after it)."""
+    fields = quant_fields(cand.tags)
+    if not fields or "zp" not in fields:
+        return None
+    todo, seen = [fields.get("act", "")], set()
+    while todo and len(seen) < 64:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        rec = cand_bundle.get(name)
+        # (what the copy quantizes may be a kernel of another module: a conv the exporter folded a norm into)
+        if rec is None or rec.kind != KIND_OUTPUT or (rec.module != cand.module and name != fields.get("act")):
+            continue
+        if rec.op in _LINEAR_KERNELS:
+            return rec
+        if rec.op in _COPY_OPS or rec.op in _QDQ_OPS:
+            todo.extend(rec.inputs[:1] if rec.op.endswith("QuantizeLinear") else rec.inputs)
+        else:
+            return None
+    return None
 
 
 def _last_kernels(cand_bundle: Any) -> dict[str, Record]:
@@ -167,7 +214,9 @@ def _after_kernel(cand: Record, kernel: Record | None, cand_bundle: Any) -> Reco
         rec = cand_bundle.get(name)
         if rec is None or rec.module != cand.module or "/" not in name or rec.kind != KIND_OUTPUT:
             continue         # a weight, a constant, a value from before the module
-        if rec.op not in _COPY_OPS:
+        if "zp" in (quant_fields(rec.tags) or {}):
+            continue         # another QDQ copy in the module: what it quantizes is judged at its own kernel
+        if rec.op not in _COPY_OPS and rec.op != "QuantizeLinear":
             return cand
         todo.extend(rec.inputs)
     return kernel if reached else cand

@@ -753,7 +753,14 @@ def graph_weights(graph: Any, state_names: frozenset[str] | None = None) -> Iter
             value = np.ascontiguousarray(value.T)
         elif name in lstm_transposed and value.ndim == 3:
             value = np.ascontiguousarray(value.swapaxes(1, 2))
-        step = float(np.max(np.abs(s)))  # one quantisation step: the rounding dequantisation is allowed
+        # one quantisation step: the rounding dequantisation is allowed (per channel: the largest scale of a
+        # channel that holds values; an all-zero channel, a DFT basis's sine row at 0 Hz, gets scale 1)
+        step = float(np.max(np.abs(s)))
+        if np.size(s) > 1 and s.ndim == q.ndim:
+            held = np.any(q.astype(np.float32) != z, axis=tuple(a for a in range(q.ndim) if s.shape[a] == 1),
+                          keepdims=True)
+            if held.any():
+                step = float(np.max(np.abs(np.broadcast_to(s, held.shape)[held])))
         yield _weight_base(base), value, (f"dequantized:{q.dtype.name}", f"{TAG_QSTEP}{step:.6g}")
 
 
