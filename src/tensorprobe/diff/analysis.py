@@ -76,6 +76,7 @@ def build_report(*, ref: str, cand: str, criteria: Criteria, results: list[PairR
     by_name = {r.name: r for r in ref_records}
     findings = DrawFindings(ref_bundle, cand_bundle)     # draws of another kind, or consumed in another order
     forward = findings.judge(forward)
+    forward = _weights_only_values(forward, weights, by_name)
     quantized = quantized_inputs(cand_bundle, results)
     forward, graph_note = with_gains(forward, weights, ref_records, quantized)
     draws = UnpairedDraws(ref_bundle, cand_bundle, results)
@@ -229,6 +230,23 @@ def _passed_on_error(p: PairResult) -> float | None:
     if p.failed and p.kind in WEIGHT_KINDS and not e:
         return math.inf   # a weight whose fingerprint differs while its statistics agree (a permutation): unbounded
     return math.inf if e is None and p.failed and nonfinite_differs(p) else e
+
+
+def _weights_only_values(forward: list[PairResult], weights: Sequence[PairResult],
+                         by_name: dict[str, Record]) -> list[PairResult]:
+    """A failing record the reference computes from weights alone (an instance norm's `repeat` of its weight),
+    every one of them paired and agreeing: the port computes that value otherwise (a static int8 file's
+    DequantizeLinear of a constant it made), so the pair compares two different things, not a divergence."""
+    agree = {w.name for w in weights if w.passed}
+    out = []
+    for p in forward:
+        rec = by_name.get(p.name)
+        if p.failed and rec is not None and rec.inputs and all(i in agree for i in rec.inputs):
+            p = replace(p, status=STATUS_NOT_COMPARABLE, cause=None, origin=None, reasons=(
+                f"not comparable: the reference computes it from weights alone ({', '.join(rec.inputs)}), which "
+                f"agree, so the port's {p.cand_name} paired with it holds something else",))
+        out.append(p)
+    return out
 
 
 def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
@@ -458,7 +476,7 @@ def _quantized_on_the_way(p: PairResult, done: dict[str, PairResult], by_name: d
     is the cause, unproven, and an op-level capture shows where."""
     src = done.get(p.input_name or "")
     e = error_of(p)
-    if src is None or not src.failed or e is None or TAG_QUANTIZED in p.tags:
+    if src is None or not src.failed or e is None:
         return p
     origin, steps = src, 0
     while origin.cause == CAUSE_INHERITED and origin.input_name in done and steps < 10_000:
@@ -466,7 +484,15 @@ def _quantized_on_the_way(p: PairResult, done: dict[str, PairResult], by_name: d
     if origin.cause != CAUSE_QUANTIZED:
         return p
     conditioned = _unpaired_conditioned(p.name, done, by_name)
-    if conditioned is None and e > QUANT_FAR * math.hypot(q.chain, p.input_rel_err or 0.0):
+    rec, src_rec = by_name.get(p.name), by_name.get(src.name)
+    cancel = 1.0
+    if rec is not None and src_rec is not None and TAG_OWN_CODE in p.tags:
+        # the module's own code may sum what it reads into a value near zero (a flow's log-determinant): k
+        # independent roundings per output add up to sqrt(k) of one, against the sum's size
+        k = max(1.0, math.prod(src_rec.shape or (1,)) / max(1, math.prod(rec.shape or (1,))))
+        cancel = max(1.0, min(HUGE_GAIN, math.sqrt(k) * (rms(src_rec.stats) or 0.0) / max(rms(rec.stats) or 0.0,
+                                                                                              1e-300)))
+    if conditioned is None and e > QUANT_FAR * cancel * math.hypot(q.chain, p.input_rel_err or 0.0):
         return p
     where = f"a {conditioned} the reference computes there turns small rounding near zero into large error" \
         if conditioned else "which that code may amplify"
@@ -933,11 +959,7 @@ def first_divergence(failing: Sequence[PairResult], outputs: Sequence[PairResult
     # an amplifier that turns rounding into NaN/Inf is where a port breaks; earlier finite amplified rounding
     # is the expected price of a different kernel
     nonfinite = [p for p in amplified if nonfinite_differs(p)]
-    # an error called its own after int8's entered, not proven beyond it: still what the verdict diverges by,
-    # so the lead names it rather than the first quantized record, whose error is expected
-    # (not a NaN/Inf born after int8's error entered: a quantized divisor rounded to 0 is int8's doing)
-    unproven = [p for p in failing if p.cause == CAUSE_OWN and not nonfinite_differs(p)]
-    for hits in (bugs, unproven, quantized, nonfinite, amplified, [p for p in failing if p.cause == CAUSE_RANDOM]):
+    for hits in (bugs, quantized, nonfinite, amplified, [p for p in failing if p.cause == CAUSE_RANDOM]):
         if hits:
             return hits[0]
     return failing[0] if failing else None
