@@ -140,8 +140,8 @@ def fp16_module(model: nn.Module, path: str, strength: float) -> None:
     _replace(model, path, _Half(_module(model, path)))
 
 
-def late_frames(model: nn.Module, path: str, strength: float) -> None:
-    """The module's output scaled by 1 - strength from frame 20 on only (a bug that bites on some frames: a gain
+def late_frames(model: nn.Module, path: str, strength: float, frame: int = 20) -> None:
+    """The module's output scaled by 1 - strength from `frame` on only (a bug that bites on some frames: a gain
     applied past a buffer's length, a cache past its size). Its forward is replaced, so the change runs inside
     the module, and stays one graph every exporter takes."""
     m = _module(model, path)
@@ -149,7 +149,7 @@ def late_frames(model: nn.Module, path: str, strength: float) -> None:
 
     def late(x):
         out = forward(x)
-        return torch.cat([out[..., :20], out[..., 20:] * (1 - strength)], dim=-1)
+        return torch.cat([out[..., :frame], out[..., frame:] * (1 - strength)], dim=-1)
     m.forward = late
 
 

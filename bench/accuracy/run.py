@@ -64,7 +64,12 @@ def _site_output(model: torch.nn.Module, site: str, inputs: tuple) -> list[torch
 def effect(case: Case) -> float:
     """How far the planted bug moves its own module's output (relative L2, float32, same draws)."""
     ref, bad = _build(case, planted=False), _build(case, planted=True)
-    a, b = _site_output(ref.model, case.site, ref.inputs), _site_output(bad.model, case.site, bad.inputs)
+    return relative_change(_site_output(ref.model, case.site, ref.inputs),
+                           _site_output(bad.model, case.site, bad.inputs))
+
+
+def relative_change(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """‖b - a‖ / ‖a‖ over paired tensors (float64 sums; inf when only `b` is non-zero)."""
     num = sum(float((y - x).double().pow(2).sum()) for x, y in zip(a, b))
     den = sum(float(x.double().pow(2).sum()) for x in a)
     return (num / den) ** 0.5 if den > 0 else float("inf") if num > 0 else 0.0

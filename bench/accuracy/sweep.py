@@ -29,13 +29,14 @@ import torch
 from torch import nn
 
 from .archs import ARCHS
-from .cases import family
+from .bugs import late_frames
+from .cases import Case, family
+from .run import _floats, _site_output, relative_change
 
 SWEEP_PORTS = ("torch", "fp16")
 FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75, 1.0)   # each item's share of the architecture's input length
 MIDDLE = 2                                          # the item whose length at M is where the bug starts to bite
 STRENGTH = {"torch": 0.02, "fp16": 0.3}             # 1 - the gain past frame F
-MIN_EFFECT = {"torch": 1e-4, "fp16": 0.03}          # as `cases.Case.min_effect`
 # architectures whose input is a time series they take at any length (a dict input, a flow's fixed coupling and
 # the noise model's draws are left to `diff`)
 SWEEP_ARCHS = tuple(a for a in ARCHS if family(a) in ("convnorm-instance", "convnorm-group", "convnorm-layer",
@@ -84,7 +85,7 @@ class SweepCase:
     def candidate(self) -> nn.Module:
         model = ARCHS[self.arch](self.seed).model
         if self.site is not None:
-            _bite_late(model, self.site, STRENGTH[self.port], self.bite_frame())
+            late_frames(model, self.site, STRENGTH[self.port], self.bite_frame())
         return _Half(model) if self.port == "fp16" else model
 
     def bite_frame(self) -> int:
@@ -104,33 +105,8 @@ class _Half(nn.Module):
         return out.float() if isinstance(out, torch.Tensor) else type(out)(o.float() for o in out)
 
 
-def _bite_late(model: nn.Module, site: str, strength: float, frame: int) -> None:
-    m = model.get_submodule(site)
-    forward = m.forward
-
-    def late(x):
-        out = forward(x)
-        return torch.cat([out[..., :frame], out[..., frame:] * (1 - strength)], dim=-1)
-    m.forward = late
-
-
-def _site_outputs(model: nn.Module, site: str, inputs: tuple) -> list[torch.Tensor]:
-    seen: list[torch.Tensor] = []
-
-    def keep(_m, _a, out):
-        seen.extend(o.detach().float() for o in (out if isinstance(out, (tuple, list)) else (out,))
-                    if isinstance(o, torch.Tensor) and o.is_floating_point())
-    handle = model.get_submodule(site).register_forward_hook(keep)
-    try:
-        with torch.no_grad():
-            model(*inputs)
-    finally:
-        handle.remove()
-    return seen
-
-
 def _site_frames(model: nn.Module, site: str, inputs: tuple) -> int:
-    return _site_outputs(model, site, inputs)[0].shape[-1]
+    return _site_output(model, site, inputs)[0].shape[-1]
 
 
 def item_effects(case: SweepCase) -> dict[str, float]:
@@ -138,28 +114,14 @@ def item_effects(case: SweepCase) -> dict[str, float]:
     moves less (a LayerNorm after M removes a gain on some frames: the item's output is then right)."""
     ref = case.reference()
     bad = ARCHS[case.arch](case.seed).model
-    _bite_late(bad, case.site, STRENGTH[case.port], case.bite_frame())
+    late_frames(bad, case.site, STRENGTH[case.port], case.bite_frame())
     out = {}
     for name, inputs in case.items().items():
-        at_site = _moved(_site_outputs(ref, case.site, inputs), _site_outputs(bad, case.site, inputs))
+        at_site = relative_change(_site_output(ref, case.site, inputs), _site_output(bad, case.site, inputs))
         with torch.no_grad():
-            at_output = _moved(_floats(ref(*inputs)), _floats(bad(*inputs)))
+            at_output = relative_change(_floats(ref(*inputs)), _floats(bad(*inputs)))
         out[name] = min(at_site, at_output)
     return out
-
-
-def _moved(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    num = sum(float((y - x).double().pow(2).sum()) for x, y in zip(a, b))
-    den = sum(float(x.double().pow(2).sum()) for x in a)
-    return (num / den) ** 0.5 if den > 0 else (float("inf") if num > 0 else 0.0)
-
-
-def _floats(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value.detach().float()] if value.is_floating_point() else []
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _floats(v)]
-    return []
 
 
 _SWEEP_FILE = '''"""A sweep file written by bench/accuracy/sweep.py for one case."""
@@ -186,7 +148,8 @@ def judge_sweep(case: SweepCase, workdir: str | Path | None = None) -> dict[str,
     import tensorprobe as tp
 
     effects = item_effects(case) if case.site is not None else {n: 0.0 for n in case.items()}
-    planted = {n for n, e in effects.items() if e >= MIN_EFFECT[case.port]}
+    least = Case(case.arch, case.port, "module-full", case.bug, case.site, case.seed).min_effect   # as for `diff`
+    planted = {n for n, e in effects.items() if e >= least}
     clean = {n for n, e in effects.items() if e == 0.0}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="tp-acc-sweep-") as tmp:
         target = Path(tmp) / "sweep_case.py"

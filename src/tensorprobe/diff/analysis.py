@@ -265,7 +265,7 @@ def with_gains(results: list[PairResult], weights: Sequence[PairResult] = (),
         known = sources.errors(p, rel, carrier, prev) if p.kind not in (KIND_RNG, KIND_MODEL_INPUT) else []
         if e is not None and len(known) > 1:
             q = (quantized or {}).get(p.name)
-            known = sources.shown(p, known, e, weights, q.chain if q is not None else 0.0)
+            known = sources.shown(p, known, e, q.chain if q is not None else 0.0)
         passed_on = rel.get(p.name)
         if passed_on is not None:
             prev = p.name
@@ -299,6 +299,7 @@ class _InputSources:
         self.derived = _derived_weights(ref_records)
         self.has_graph = any(r.inputs for r in ref_records if r.kind not in WEIGHT_KINDS)
         self.own_weights = _module_weights(weights, ref_records)
+        self.weight_names = {w.name for w in weights}
         self.children, self.draws = _inside_calls(results)
         self.drawn_otherwise = {p.name for p in results if is_draw_finding(p)}   # the port's draw, not noise
         self.forward = {r.name for r in ref_records if r.kind in (KIND_OUTPUT, KIND_RNG)}
@@ -342,17 +343,16 @@ class _InputSources:
         return known
 
     def shown(self, p: PairResult, known: list[tuple[float, str]], e: float,
-              weights: Sequence[PairResult], int8: float = 0.0) -> list[tuple[float, str]]:
+              int8: float = 0.0) -> list[tuple[float, str]]:
         """`known` without the weights `p` reads only through a record the port has no value of, when its data
         inputs (and the int8 rounding on their way, `int8`) explain its error within OWN_MARGIN: the port folded
         that record and its weights (a conv with the BatchNorm after it), whose difference then shows in no
         value. A weight whose difference shows stays."""
-        weight_names = {w.name for w in weights}
         direct = set(self.graph.get(p.name, ()))
-        data = [err for err, n in known if n not in weight_names]
+        data = [err for err, n in known if n not in self.weight_names]
         if p.op.startswith("module:") or not data or e > OWN_MARGIN * max(*data, int8):   # (a module reads its own)
             return known
-        return [(err, n) for err, n in known if n not in weight_names or n in direct]
+        return [(err, n) for err, n in known if n not in self.weight_names or n in direct]
 
     def _compared_ancestors(self, name: str, rel: dict[str, float], limit: int = 10_000) -> list[str]:
         """`name`'s graph inputs, each one the candidate has no record of replaced by what it was computed

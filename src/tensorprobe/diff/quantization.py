@@ -118,6 +118,7 @@ def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list
         return results
     out = []
     inner = _last_kernels(cand_bundle)
+    paired = {r.cand_name for r in results}
     for p in results:
         e = _error_known(p)
         if not p.failed or e is None:
@@ -144,7 +145,6 @@ def judged(results: list[PairResult], ref_bundle: Any, cand_bundle: Any) -> list
                 if kernel is not None:
                     # a QDQ module's float kernel on quantized copies: its own output's rounding, and that of the
                     # copies it reads since the compared records, are what int8 adds there
-                    paired = {r.cand_name for r in results}
                     chain = _quantized_source(cand_bundle, kernel.inputs, paired)
                     q = replace(q, expected=math.hypot(q.expected, chain.chain if chain is not None else 0.0))
                     op = kernel.op
